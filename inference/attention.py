@@ -1,0 +1,99 @@
+"""Paged attention over the block KV cache, PyTorch reference path (CPU; GPU fallback).
+
+KV cache layout, per layer (one tensor for K, one for V):
+
+    [num_blocks, block_size, num_kv_heads, head_dim]
+        viewed flat as [num_slots, num_kv_heads, head_dim],  slot = block_id * block_size + offset
+
+A step's tokens arrive as one flat varlen batch, decodes first:
+
+    tokens:  d0 d1 d2 | p0 p0 p0 p0 p0 | p1 p1 p1
+             decodes    prefill chunk 0  prefill chunk 1   (a chunk may follow cached blocks)
+
+Every layer first writes the K/V of *all* the step's tokens into their slots, then attends; so a
+request may read blocks another request fills in the same step (prefix-cache hits on blocks
+being computed right now are safe).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    query_start: int               # first token of the chunk in the flat batch
+    query_len: int
+    context_len: int               # cached tokens before the chunk + query_len
+    gather_slots: torch.Tensor     # [context_len] slots of the whole context, in order
+    causal_mask: torch.Tensor | None   # [query_len, context_len] bool; None -> plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor                 # [num_tokens] where each new K/V goes
+    num_decodes: int = 0                       # the first num_decodes tokens are decodes
+    decode_slots: torch.Tensor | None = None   # [num_decodes, max_context] gather indices
+    decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, max_context] bool; None = all valid
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def bottom_right_causal_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor:
+    """Query i (absolute position context_len - query_len + i) sees keys 0..that position."""
+    q_pos = torch.arange(context_len - query_len, context_len, device=device)[:, None]
+    k_pos = torch.arange(context_len, device=device)[None, :]
+    return k_pos <= q_pos                      # [query_len, context_len]
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k, v: [num_tokens, num_kv_heads, head_dim] -> their slots in the flat cache."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
+
+    The K/V of this step's tokens must already be written (see `write_kv`).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[-2]
+    group = num_heads // num_kv_heads
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)      # [num_slots, Hkv, D]
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    nd = meta.num_decodes
+    if nd == num_tokens:          # pure decode step: no output buffer to stitch
+        qd = q.view(nd, num_kv_heads, group, head_dim)
+        kd = k_flat[meta.decode_slots].transpose(1, 2)
+        vd = v_flat[meta.decode_slots].transpose(1, 2)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+        return od.view(nd, num_heads, head_dim)
+    out = torch.empty_like(q)
+    if nd:
+        # GQA without copying K/V: the `group` query heads sharing a KV head act as its
+        # `group` query rows; decodes attend to their whole context, so no causal mask.
+        qd = q[:nd].view(nd, num_kv_heads, group, head_dim)                  # [B, Hkv, G, D]
+        kd = k_flat[meta.decode_slots].transpose(1, 2)                       # [B, Hkv, L, D]
+        vd = v_flat[meta.decode_slots].transpose(1, 2)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+        out[:nd] = od.reshape(nd, num_heads, head_dim)
+
+    for chunk in meta.prefills:
+        s, n, ctx = chunk.query_start, chunk.query_len, chunk.context_len
+        qp = q[s:s + n].transpose(0, 1)                                      # [H, n, D]
+        kp = k_flat[chunk.gather_slots].transpose(0, 1)                      # [Hkv, ctx, D]
+        vp = v_flat[chunk.gather_slots].transpose(0, 1)
+        if group > 1:
+            kp = kp[:, None].expand(num_kv_heads, group, ctx, head_dim).reshape(num_heads, ctx, head_dim)
+            vp = vp[:, None].expand(num_kv_heads, group, ctx, head_dim).reshape(num_heads, ctx, head_dim)
+        if chunk.causal_mask is None:
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+        else:
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=chunk.causal_mask, scale=scale)
+        out[s:s + n] = op.transpose(0, 1)
+    return out

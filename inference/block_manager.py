@@ -1,0 +1,184 @@
+"""Paged KV-cache block manager: blocks, reference counts, the free queue and the prefix cache.
+
+The KV cache is a pool of fixed-size blocks; a request's KV lives in the blocks of its block
+table, in token order:
+
+    request tokens:  t0 t1 t2 t3 | t4 t5 t6 t7 | t8 t9
+    block table:     [   7       ,    2        ,  11 ]      (block_size = 4)
+    slot of t9:      11 * 4 + 1 = 45   (slot = block_id * block_size + offset)
+
+Prefix caching: a *full* block is identified by a hash chained over every token up to its end
+(`request.block_hashes`). Blocks whose hash is registered can be shared by any request whose
+tokens start the same way (reference counted). A block whose count drops to zero goes to the
+free queue but keeps its hash, so a later request can still hit it; it is only forgotten when
+the block is taken from the front of the queue for new data (LRU eviction).
+
+This class never sees tensors; the model runner owns the memory the block ids index.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from inference.request import Request
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0      # prompt tokens looked up
+    hits: int = 0         # of those, found in the cache
+
+    def record(self, num_queries: int, num_hits: int) -> None:
+        self.queries += num_queries
+        self.hits += num_hits
+
+
+class BlockManager:
+    """Owns every KV block. The scheduler asks; the model runner only reads block ids."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # block_id -> None for blocks with ref_cnt == 0; the front is evicted first.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached_blocks: dict[bytes, int] = {}          # block hash -> block_id
+        self.req_to_blocks: dict[str, list[int]] = {}      # req_id -> block table
+        self.req_num_cached: dict[str, int] = {}           # req_id -> blocks registered in the cache
+        self.prefix_stats = PrefixCacheStats()
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by live requests (cached-but-free blocks count as free)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def block_table(self, req_id: str) -> list[int]:
+        return self.req_to_blocks.get(req_id, [])
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest cached prefix of a waiting request: (block ids, number of tokens they hold).
+
+        At least one token is always left to compute, because the model must produce the
+        logits of the last token.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        request.update_block_hashes(self.block_size)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit: list[int] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block_id = self.cached_blocks.get(block_hash)
+            if block_id is None:
+                break
+            hit.append(block_id)
+        return hit, len(hit) * self.block_size
+
+    # ---- allocation ----------------------------------------------------------------------
+    def can_allocate(self, request: Request, num_new_tokens: int,
+                     new_computed_blocks: list[int] = ()) -> bool:
+        """Whether `allocate_slots` with the same arguments would succeed."""
+        return self._num_blocks_short(request, num_new_tokens, new_computed_blocks) <= 0
+
+    def _num_blocks_short(self, request: Request, num_new_tokens: int,
+                          new_computed_blocks: list[int]) -> int:
+        held = self.req_to_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_needed = self.num_blocks_for(num_computed + num_new_tokens) - len(held) - len(new_computed_blocks)
+        # Hit blocks that sit in the free queue stop being free once this request holds them.
+        num_reclaimed = sum(1 for b in new_computed_blocks if self.blocks[b].ref_cnt == 0)
+        return num_needed - (self.num_free_blocks - num_reclaimed)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[int] = ()) -> bool:
+        """Give `request` room for `num_new_tokens` more tokens (after any prefix hit).
+
+        Returns False and changes nothing when there are not enough free blocks.
+        """
+        if self._num_blocks_short(request, num_new_tokens, new_computed_blocks) > 0:
+            return False
+        table = self.req_to_blocks.setdefault(request.request_id, [])
+        for block_id in new_computed_blocks:
+            self._touch(block_id)
+            table.append(block_id)
+        if new_computed_blocks:
+            self.req_num_cached[request.request_id] = len(table)
+        num_total = request.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
+        while len(table) < self.num_blocks_for(num_total):
+            table.append(self._take_free_block())
+        if self.enable_prefix_caching:
+            # Blocks filled by this step become shareable now: the runner writes every
+            # token's KV of a layer before any attention of that layer reads it.
+            self._cache_full_blocks(request, num_total)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Release every block of `request` (finish, abort or preemption). Idempotent."""
+        table = self.req_to_blocks.pop(request.request_id, [])
+        self.req_num_cached.pop(request.request_id, None)
+        # Reverse order: the tail of a sequence is the least likely to be shared, evict it first.
+        for block_id in reversed(table):
+            block = self.blocks[block_id]
+            block.ref_cnt -= 1
+            assert block.ref_cnt >= 0, f"block {block_id} freed twice"
+            if block.ref_cnt == 0:
+                self.free_queue[block_id] = None
+                if block.block_hash is None:
+                    self.free_queue.move_to_end(block_id, last=False)   # worthless: reuse first
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (e.g. after weights change). Live blocks stay allocated."""
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached_blocks.clear()
+        for req_id in self.req_num_cached:
+            self.req_num_cached[req_id] = 0
+
+    # ---- internals -----------------------------------------------------------------------
+    def _touch(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_cnt == 0:
+            del self.free_queue[block_id]
+        block.ref_cnt += 1
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:                      # evict from the prefix cache
+            if self.cached_blocks.get(block.block_hash) == block_id:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+        block.ref_cnt = 1
+        return block_id
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        start = self.req_num_cached.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        request.update_block_hashes(self.block_size)
+        table = self.req_to_blocks[request.request_id]
+        for i in range(start, num_full):
+            block_hash = request.block_hashes[i]
+            block = self.blocks[table[i]]
+            if block.block_hash is None and block_hash not in self.cached_blocks:
+                block.block_hash = block_hash
+                self.cached_blocks[block_hash] = block.block_id
+        self.req_num_cached[request.request_id] = num_full

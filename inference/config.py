@@ -1,0 +1,145 @@
+"""Engine configuration: frozen dataclasses built once from YAML + environment + keyword args.
+
+Nothing here is read at import time; `EngineConfig.load(...)` is called by the engine's builder
+and the result is passed down explicitly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "smollm2"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    tokenizer: str | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model: must be a non-empty model name or path")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size: must be a power of two >= 1, got {self.block_size}")
+        if self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes: must be > 0, got {self.kv_cache_memory_bytes}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 128
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens: must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: must be one of {POLICIES}, got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+
+    # vLLM-named engine arguments -> (section, field)
+    ENGINE_ARGS = {
+        "model": ("model", "model"),
+        "dtype": ("model", "dtype"),
+        "max_model_len": ("model", "max_model_len"),
+        "seed": ("model", "seed"),
+        "tokenizer": ("model", "tokenizer"),
+        "device": ("model", "device"),
+        "block_size": ("cache", "block_size"),
+        "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),
+        "enable_prefix_caching": ("cache", "enable_prefix_caching"),
+        "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
+        "max_num_seqs": ("scheduler", "max_num_seqs"),
+        "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),
+        "scheduling_policy": ("scheduler", "policy"),
+    }
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+             **engine_args: Any) -> "EngineConfig":
+        """YAML (default `configs/engine.yaml`) < environment `INFERENCE_<SECTION>_<KEY>` < kwargs."""
+        path = Path(path) if path else CONFIG_DIR / "engine.yaml"
+        raw: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            raw = yaml.safe_load(path.read_text()) or {}
+        sections = {f.name: f.type for f in dataclasses.fields(cls) if not f.name.isupper()}
+        section_cls = {"model": ModelConfig, "cache": CacheConfig,
+                       "scheduler": SchedulerConfig, "sampling": SamplingDefaults}
+        values: dict[str, dict[str, Any]] = {name: dict(raw.get(name) or {}) for name in sections}
+        for name, sub in values.items():
+            unknown = set(sub) - {f.name for f in dataclasses.fields(section_cls[name])}
+            if unknown:
+                raise ValueError(f"{path}: unknown keys in section {name!r}: {sorted(unknown)}")
+        env = os.environ if env is None else env
+        for name, klass in section_cls.items():
+            for f in dataclasses.fields(klass):
+                key = f"INFERENCE_{name.upper()}_{f.name.upper()}"
+                if key in env:
+                    values[name][f.name] = _parse_env(key, env[key], f.type)
+        for arg, value in engine_args.items():
+            if arg not in cls.ENGINE_ARGS:
+                raise ValueError(f"unknown engine argument {arg!r}; known: {sorted(cls.ENGINE_ARGS)}")
+            section, key = cls.ENGINE_ARGS[arg]
+            values[section][key] = value
+        return cls(**{name: section_cls[name](**values[name]) for name in section_cls})
+
+
+def _parse_env(key: str, text: str, type_name: Any) -> Any:
+    type_name = str(type_name)
+    if text.lower() in ("none", "null", ""):
+        return None
+    try:
+        if "bool" in type_name:
+            if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("1", "true", "yes")
+        if "int" in type_name:
+            return int(text)
+        if "float" in type_name:
+            return float(text)
+    except ValueError:
+        raise ValueError(f"environment {key}={text!r}: expected {type_name}") from None
+    return text

@@ -1,0 +1,174 @@
+"""LLMEngine: validate inputs, then loop schedule -> run model -> apply outputs.
+
+Single-threaded; `LLM` drives it for offline batches and `OnlineEngine` runs it in a background
+thread for servers.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from inference.block_manager import BlockManager
+from inference.config import EngineConfig
+from inference.loader.model_loader import load_model
+from inference.model_runner import ModelRunner, num_kv_blocks
+from inference.output_processor import RequestState, child_id, now
+from inference.outputs import StreamDelta
+from inference.request import Request, RequestStatus
+from inference.sampling_params import SamplingParams
+from inference.scheduler import Scheduler
+from inference.stats import EngineStats, FinishedRequestStats, IterationStats
+
+PromptType = str | dict[str, Any]
+
+
+@dataclass
+class ValidatedRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        loaded = load_model(config.model)
+        self.model_name = config.model.model
+        self.arch = loaded.arch
+        self.tokenizer = loaded.tokenizer
+        self.max_model_len = loaded.max_model_len
+        num_blocks = num_kv_blocks(loaded, config.cache)
+        self.block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
+        self.runner = ModelRunner(loaded, config.cache, num_blocks, config.model.seed)
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_id = eos if eos is not None else (self.arch.eos_token_ids or [None])[0]
+        self.states: dict[str, RequestState] = {}                 # parent req_id -> output state
+        self.children: dict[str, tuple[str, int]] = {}            # child req_id -> (parent, index)
+        self._ids = itertools.count()
+        self.last_stats: EngineStats | None = None
+
+    # ---- inputs --------------------------------------------------------------------------
+    def validate(self, prompt: PromptType, params: SamplingParams, request_id: str | None = None,
+                 priority: int = 0) -> ValidatedRequest:
+        """Tokenise and check a request; raises ValueError naming the bad parameter."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            vocab = self.arch.vocab_size
+            if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+                raise ValueError(f"prompt_token_ids: every id must be an integer in [0, {vocab})")
+        else:
+            raise ValueError("prompt: must be a string or a {'prompt_token_ids': [...]} dict")
+        if not token_ids:
+            raise ValueError("prompt: must not be empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(token_ids)} tokens leave no room to generate within the "
+                             f"model's context (max_model_len={self.max_model_len})")
+        if self.scheduler.config.policy != "priority" and priority != 0:
+            raise ValueError("priority: only supported with scheduling_policy='priority'")
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.states:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        return ValidatedRequest(request_id, text, token_ids, params, priority, now())
+
+    def add_request(self, req: ValidatedRequest) -> None:
+        """Queue a validated request (its n samples run as n sequences)."""
+        params = req.params
+        room = self.max_model_len - len(req.prompt_token_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self.states[req.request_id] = RequestState(req.request_id, req.prompt, req.prompt_token_ids, params,
+                                                   self.tokenizer, req.arrival_time)
+        for i in range(params.n):
+            cid = child_id(req.request_id, i, params.n)
+            self.children[cid] = (req.request_id, i)
+            self.scheduler.add_request(Request(
+                request_id=cid, prompt_token_ids=req.prompt_token_ids, sampling_params=params.for_child(i),
+                eos_token_id=self.eos_token_id, max_tokens=max_tokens, priority=req.priority))
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort every sample of a request; its blocks return to the pool now."""
+        state = self.states.get(request_id)
+        if state is None:
+            return
+        t = now()
+        for i in range(state.params.n):
+            self.scheduler.finish_request(child_id(request_id, i, state.params.n), RequestStatus.FINISHED_ABORTED)
+            state.finish(i, "abort", None, t)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def step(self) -> list[RequestState]:
+        """One engine step. Returns the states that changed (call `take_deltas` / `to_output`)."""
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        it = IterationStats(num_scheduled_tokens=sched.total_num_scheduled_tokens)
+        changed: dict[str, RequestState] = {}
+        if not sched.is_empty:
+            result = self.runner.execute(sched)
+            for item in sched.scheduled:
+                it.num_prompt_tokens += max(0, min(item.request.num_prompt_tokens, item.num_computed_tokens
+                                                   + item.num_scheduled_tokens) - item.num_computed_tokens)
+            updated = self.scheduler.update_from_output(sched, result)
+            t = now()
+            for request in updated:
+                parent, index = self.children[request.request_id]
+                state = self.states[parent]
+                token = request.output_token_ids[-1]
+                first = state.metrics.first_token_time is None
+                stop_hit, itl = state.add_token(index, token, result.logprobs.get(request.request_id), t)
+                it.num_generation_tokens += 1
+                if first:
+                    it.time_to_first_tokens.append(t - state.metrics.arrival_time)
+                    state.metrics.first_scheduled_time = state.metrics.arrival_time + (
+                        request.first_scheduled_time - request.arrival_time)
+                elif itl is not None:
+                    it.inter_token_latencies.append(itl)
+                if stop_hit is not None and not request.status.is_finished:
+                    self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+                    state.finish(index, "stop", stop_hit, t)
+                elif request.status.is_finished:
+                    state.finish(index, request.status.value, request.stop_reason, t)
+                changed[parent] = state
+        for parent, state in changed.items():
+            if state.finished:
+                self._retire(parent, state, it)
+        it.step_time = time.perf_counter() - t0
+        self.last_stats = EngineStats(self.scheduler.stats(), it)
+        return list(changed.values())
+
+    def retire_aborted(self, request_id: str) -> RequestState | None:
+        """Forget an aborted request's state (after its final output was taken)."""
+        state = self.states.get(request_id)
+        if state is not None and state.finished:
+            self._retire(request_id, state, None)
+        return state
+
+    def _retire(self, parent: str, state: RequestState, it: IterationStats | None) -> None:
+        self.states.pop(parent, None)
+        ids = [child_id(parent, i, state.params.n) for i in range(state.params.n)]
+        for cid in ids:
+            self.children.pop(cid, None)
+        self.runner.remove_requests(ids)
+        if it is not None:
+            m = state.metrics
+            reason = next((s.finish_reason for s in state.samples if s.finish_reason != "abort"), "abort")
+            it.finished.append(FinishedRequestStats(
+                parent, reason, len(state.prompt_token_ids), sum(len(s.token_ids) for s in state.samples),
+                (m.finished_time or now()) - m.arrival_time,
+                (m.first_scheduled_time or m.arrival_time) - m.arrival_time, m.time_to_first_token))
+
+    def take_deltas(self, states: list[RequestState]) -> list[StreamDelta]:
+        return [d for s in states for d in s.take_deltas()]

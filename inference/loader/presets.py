@@ -1,0 +1,47 @@
+"""`random:<preset>` architectures: real model shapes with random weights, for benchmarks and tests."""
+from __future__ import annotations
+
+from typing import Any
+
+_LLAMA2_7B = dict(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                  max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  bos_token_id=1, eos_token_id=2)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # A few-MB model for tests: GQA 4:2, untied embeddings.
+    "tiny": dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2),
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    "llama-2-7b": _LLAMA2_7B,
+    "llama-2-13b": {**_LLAMA2_7B, "hidden_size": 5120, "intermediate_size": 13824,
+                    "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40},
+    "llama-3-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                       bos_token_id=128000, eos_token_id=128001),
+    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                         bos_token_id=128000, eos_token_id=128001),
+    "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                       bos_token_id=1, eos_token_id=2),
+    "qwen2-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                     num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                     max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                     bos_token_id=151643, eos_token_id=151645),
+}
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise ValueError(f"model: unknown random preset {name!r}; known: {sorted(PRESETS)}")
+    return dict(PRESETS[name])

@@ -1,0 +1,120 @@
+"""Model runner: the only owner of device memory (weights, KV cache, per-request generators).
+
+Per step it flattens every scheduled token into one varlen batch (decodes first, then prefill
+chunks), builds slot mappings and gather indices from the block tables, runs the model once,
+computes logits only for rows that sample, and samples.
+"""
+from __future__ import annotations
+
+import torch
+
+from inference.attention import AttentionMetadata, PrefillChunk, bottom_right_causal_mask
+from inference.config import CacheConfig
+from inference.loader.model_loader import LoadedModel
+from inference.sampler import SamplingRow, sample
+from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig) -> int:
+    """Blocks that fit in the configured KV memory; fails now if one max-length sequence won't."""
+    dtype_bytes = torch.tensor([], dtype=loaded.dtype).element_size()
+    bytes_per_block = loaded.arch.kv_bytes_per_token(dtype_bytes) * cache.block_size
+    num_blocks = cache.kv_cache_memory_bytes // bytes_per_block
+    needed = -(-loaded.max_model_len // cache.block_size)
+    if num_blocks < needed:
+        need_bytes = needed * bytes_per_block
+        raise ValueError(
+            f"kv_cache_memory_bytes: {cache.kv_cache_memory_bytes} bytes hold {num_blocks} blocks of "
+            f"{cache.block_size} tokens, but one sequence of max_model_len={loaded.max_model_len} needs "
+            f"{needed} blocks ({need_bytes} bytes = {need_bytes / 2**20:.1f} MiB); raise "
+            f"kv_cache_memory_bytes or lower max_model_len")
+    return int(num_blocks)
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, cache: CacheConfig, num_blocks: int, seed: int = 0):
+        self.model = loaded.model
+        self.arch = loaded.arch
+        self.dtype = loaded.dtype
+        self.device = next(self.model.parameters()).device
+        self.block_size = cache.block_size
+        shape = (num_blocks, cache.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
+        # per layer: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim]
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.arch.num_hidden_layers)]
+        self.generators: dict[str, torch.Generator] = {}     # req_id -> its seeded generator
+        self.default_generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def remove_requests(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.generators.pop(req_id, None)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
+        input_ids, positions, slots, sample_rows = [], [], [], []
+        for it in items:
+            start, n = it.num_computed_tokens, it.num_scheduled_tokens
+            input_ids.extend(it.request.all_token_ids[start:start + n])
+            pos = range(start, start + n)
+            positions.extend(pos)
+            bs, table = self.block_size, it.block_ids
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            if it.needs_sample:
+                sample_rows.append(len(input_ids) - 1)
+        dev = self.device
+        meta = self._attention_metadata(items, torch.tensor(slots, dtype=torch.long, device=dev))
+        hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
+                            torch.tensor(positions, dtype=torch.long, device=dev), self.kv_caches, meta)
+        out = ModelRunnerOutput()
+        if not sample_rows:
+            return out
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        sampled = [it for it in items if it.needs_sample]
+        result = sample(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
+        for it, token, lp in zip(sampled, result.token_ids, result.logprobs):
+            out.sampled_token_ids[it.request.request_id] = token
+            if lp is not None:
+                out.logprobs[it.request.request_id] = lp
+        return out
+
+    def _sampling_row(self, it: ScheduledRequest) -> SamplingRow:
+        req, params = it.request, it.request.sampling_params
+        gen = None
+        if params.seed is not None and not params.is_greedy:
+            gen = self.generators.get(req.request_id)
+            if gen is None:
+                gen = self.generators[req.request_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+        blocked = []
+        if req.num_output_tokens < params.min_tokens:
+            blocked = list(params.stop_token_ids or [])
+            if req.eos_token_id is not None and not params.ignore_eos:
+                blocked.append(req.eos_token_id)
+        return SamplingRow(params, req.prompt_token_ids, req.output_token_ids, gen, blocked)
+
+    def _attention_metadata(self, items: list[ScheduledRequest], slot_mapping: torch.Tensor) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        meta = AttentionMetadata(slot_mapping=slot_mapping)
+        decodes = [it for it in items if it.num_scheduled_tokens == 1]
+        if decodes:
+            ctx = [it.num_computed_tokens + 1 for it in decodes]
+            max_ctx = max(ctx)
+            max_blocks = -(-max_ctx // bs)
+            tables = torch.tensor([it.block_ids[:max_blocks] + [0] * (max_blocks - len(it.block_ids[:max_blocks]))
+                                   for it in decodes], dtype=torch.long, device=dev)      # [B, max_blocks]
+            pos = torch.arange(max_ctx, device=dev)
+            meta.num_decodes = len(decodes)
+            meta.decode_slots = tables[:, pos // bs] * bs + pos % bs                     # [B, max_ctx]
+            if min(ctx) != max_ctx:
+                ctx_t = torch.tensor(ctx, device=dev)
+                meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]      # [B, 1, 1, max_ctx]
+        start = len(decodes)
+        for it in items[len(decodes):]:
+            n, ctx = it.num_scheduled_tokens, it.num_computed_tokens + it.num_scheduled_tokens
+            pos = torch.arange(ctx, device=dev)
+            table = torch.tensor(it.block_ids[:-(-ctx // bs)], dtype=torch.long, device=dev)
+            mask = None if it.num_computed_tokens == 0 else bottom_right_causal_mask(n, ctx, dev)
+            meta.prefills.append(PrefillChunk(start, n, ctx, table[pos // bs] * bs + pos % bs, mask))
+            start += n
+        return meta

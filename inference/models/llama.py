@@ -1,0 +1,163 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) in plain PyTorch over a paged KV cache.
+
+q/k/v and gate/up projections are fused into one matmul each (fewer, larger ops per step);
+loaders concatenate the checkpoint's separate weights. Quantization and tensor parallelism are
+transforms applied to this module after construction, not branches inside it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.attention import AttentionMetadata, paged_attention, write_kv
+from inference.models.arch import ModelArch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        # One fused op; for 16-bit inputs it accumulates in fp32 internally.
+        out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return out if residual is None else (out, residual)
+
+
+def rope_inv_freq(arch: ModelArch) -> torch.Tensor:
+    d = arch.head_dim
+    inv_freq = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = arch.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq.float()
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style (rotate-half) RoPE with a precomputed cos/sin table."""
+
+    def __init__(self, arch: ModelArch, max_positions: int):
+        super().__init__()
+        inv_freq = rope_inv_freq(arch)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)                                  # [P, D/2]
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """Once per step: [T, 1, D] tables shared by every layer; sin carries rotate-half's sign."""
+        cos, sin = self.cos[positions], self.sin[positions]               # [T, D/2]
+        return (torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype),
+                torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype))
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D]. x*cos + rotate_half(x)*sin, with rotate_half's negation folded into sin."""
+        t, h, d = x.shape
+        swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)           # [x2, x1]
+        return torch.addcmul(x * cos, swapped, signed_sin)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=arch.o_proj_bias)
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)                                            # [T, (H + 2Hkv) * D]
+        # q and k are adjacent: rotate both with one op pair.
+        qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = RotaryEmbedding.apply(qk, cos, sin)                          # [T, H + Hkv, D]
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale)      # [T, H, D]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.intermediate_size = arch.intermediate_size
+        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = LlamaAttention(arch)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = LlamaMLP(arch)
+
+    def forward(self, x, residual, cos, sin, k_cache, v_cache, meta):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, k_cache, v_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int):
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch) for _ in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.rotary = RotaryEmbedding(arch, max_positions)
+        if arch.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)                                  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, cos, sin, k_cache, v_cache, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[S, hidden] -> fp32 logits [S, vocab] (only for rows that sample)."""
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()

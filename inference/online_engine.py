@@ -1,0 +1,153 @@
+"""OnlineEngine: the engine loop in a background thread, for servers and the terminal chat.
+
+`add_request(...)` is thread-safe: it validates in the caller's thread (bad input raises
+ValueError there and never reaches the loop), then hands the request to the loop, which owns the
+engine exclusively. Each request gets a `RequestStream` to iterate for `StreamDelta`s.
+`abort(request_id)` takes effect before the next step, and its blocks are freed then.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from typing import Any, Iterator
+
+from inference.config import EngineConfig
+from inference.engine import LLMEngine, PromptType
+from inference.outputs import StreamDelta
+from inference.sampling_params import SamplingParams
+from inference.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """Iterator of StreamDelta for one request; ends after every sample has finished."""
+
+    def __init__(self, request_id: str, n: int, engine: "OnlineEngine"):
+        self.request_id = request_id
+        self._queue: queue.Queue[StreamDelta] = queue.Queue()
+        self._remaining = n
+        self._engine = engine
+
+    def put(self, delta: StreamDelta) -> None:
+        self._queue.put(delta)
+
+    def __iter__(self) -> Iterator[StreamDelta]:
+        while self._remaining > 0:
+            delta = self._queue.get()
+            if delta.finished:
+                self._remaining -= 1
+            yield delta
+
+    def get(self, timeout: float | None = None) -> StreamDelta:
+        delta = self._queue.get(timeout=timeout)
+        if delta.finished:
+            self._remaining -= 1
+        return delta
+
+    @property
+    def finished(self) -> bool:
+        return self._remaining <= 0
+
+    def abort(self) -> None:
+        self._engine.abort(self.request_id)
+
+
+class OnlineEngine:
+    def __init__(self, model: str = "smollm2", config: EngineConfig | None = None, **engine_args: Any):
+        self.config = config or EngineConfig.load(model=model, **engine_args)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._streams: dict[str, RequestStream] = {}     # req_id -> its stream (loop thread only)
+        self._validate_lock = threading.Lock()            # tokenizer + id bookkeeping
+        self._pending_ids: set[str] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # ---- public, any thread ----------------------------------------------------------------
+    def add_request(self, prompt: PromptType, params: SamplingParams, request_id: str | None = None,
+                    priority: int = 0) -> RequestStream:
+        if not self.is_alive():
+            raise RuntimeError(f"engine loop is not running: {self.error!r}")
+        request_id = request_id or uuid.uuid4().hex
+        with self._validate_lock:
+            if request_id in self._pending_ids:
+                raise ValueError(f"request_id: {request_id!r} is already in use")
+            req = self.engine.validate(prompt, params, request_id, priority)
+            self._pending_ids.add(request_id)
+        stream = RequestStream(request_id, params.n, self)
+        self._inbox.put(("add", (req, stream)))
+        self._wake.set()
+        return stream
+
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams, request_id: str | None = None) -> RequestStream:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.add_request({"prompt_token_ids": ids}, params, request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def stats(self) -> EngineStats | None:
+        return self.engine.last_stats
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # ---- the loop (engine thread) ----------------------------------------------------------
+    def _loop(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox()
+                if not engine.has_unfinished():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                for state in engine.step():
+                    self._publish(state)
+        except BaseException as exc:                      # never leave callers hanging
+            log.exception("engine loop died")
+            self.error = exc
+            for req_id, stream in list(self._streams.items()):
+                stream.put(StreamDelta(req_id, 0, "", [], finish_reason="abort", error=repr(exc)))
+            raise
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                req, stream = payload
+                self._streams[req.request_id] = stream
+                self.engine.add_request(req)
+            elif kind == "abort":
+                state = self.engine.states.get(payload)
+                if state is None:
+                    continue
+                self.engine.abort_request(payload)
+                self._publish(state)
+
+    def _publish(self, state) -> None:
+        stream = self._streams.get(state.request_id)
+        for delta in state.take_deltas():
+            if stream is not None:
+                stream.put(delta)
+        if state.finished:
+            self._streams.pop(state.request_id, None)
+            self.engine.retire_aborted(state.request_id)
+            with self._validate_lock:
+                self._pending_ids.discard(state.request_id)

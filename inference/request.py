@@ -1,0 +1,87 @@
+"""The scheduler's view of one sequence: token ids, how many are computed, its status.
+
+A request's token list is prompt + generated tokens. The scheduler's only job per step is to let
+`num_computed_tokens` catch up with `num_tokens` (vLLM v1's rule): prefill, chunked prefill,
+prefix-cache hits and recompute after preemption are all the same thing.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inference.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+def hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
+    """Chained block hash: a block's identity includes every token before it."""
+    h = hashlib.blake2b(parent_hash or b"root", digest_size=16)
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    max_tokens: int                       # resolved: never past max_model_len
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1           # prefix-cache hit on first scheduling (-1: not yet)
+    num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)   # one per full block of all_token_ids
+    stop_reason: str | int | None = None
+    first_scheduled_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def update_block_hashes(self, block_size: int) -> None:
+        """Extend `block_hashes` to cover every full block of tokens (cheap: only new blocks)."""
+        num_full = self.num_tokens // block_size
+        while len(self.block_hashes) < num_full:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if i else None
+            self.block_hashes.append(hash_block(parent, self.all_token_ids[i * block_size:(i + 1) * block_size]))
+
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.is_finished else None

@@ -1,0 +1,83 @@
+"""SamplingParams, shaped like vLLM's; every field is validated before anything is scheduled."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0          # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1                   # -1 or 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0   # HF-style, over prompt + output tokens
+    presence_penalty: float = 0.0     # OpenAI-style, over output tokens
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None       # number of top logprobs per generated token
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0                 # lower runs first under the "priority" policy
+    _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "must be an integer >= 1")
+        if self.temperature is None or self.temperature < 0:
+            raise bad("temperature", "must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise bad("top_k", "must be -1 (off), 0 (off) or a positive integer")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", "must be > 0")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", "must be in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", "must be in [-2, 2]")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", "must be an integer >= 1")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise bad("logprobs", "must be an integer in [0, 20]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", "must be an integer")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise bad("stop", "must be a non-empty string or a list of non-empty strings")
+        self._stop_list = stops
+        if self.stop_token_ids is not None and any(
+                not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be a list of non-negative integers")
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return self._stop_list
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def for_child(self, index: int) -> "SamplingParams":
+        """The params of the index-th of n samples: n=1, a distinct seed if one was given."""
+        from dataclasses import replace
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)

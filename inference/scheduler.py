@@ -1,0 +1,230 @@
+"""Token-level continuous-batching scheduler (vLLM v1's rule).
+
+Each step has a token budget (`max_num_batched_tokens`) and a sequence bound (`max_num_seqs`).
+Running requests are served first (decodes cost one token, unfinished prefills take a chunk),
+then waiting requests are admitted in policy order with their prefix-cache hit applied and the
+rest of their prompt chunked into what is left of the budget. When blocks run out, the
+lowest-priority running request (the newest under FCFS) is preempted: its blocks are freed and it
+goes back to the front of the waiting queue to be recomputed later. Nothing here touches tensors.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from inference.block_manager import BlockManager
+from inference.config import SchedulerConfig
+from inference.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """What the runner needs to compute one request's tokens this step."""
+    request: Request
+    num_computed_tokens: int       # tokens already in the KV cache before this step
+    num_scheduled_tokens: int      # tokens computed this step
+    block_ids: list[int]           # the request's whole block table
+    needs_sample: bool             # this step reaches the end of its tokens -> sample one
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)
+    total_num_scheduled_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class ModelRunnerOutput:
+    """The runner's answer for one step: a sampled token per request that needed one."""
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)              # req_id -> token
+    logprobs: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
+    # req_id -> {token_id: (logprob, rank)} (sampled token + top-k), only when asked
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int):
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}      # req_id -> live request
+        self.num_preemptions = 0
+
+    # ---- requests in and out ---------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request (its prompt fits the model and the KV cache)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+        self.requests[request.request_id] = request
+        self._enqueue_waiting(request, front=False)
+
+    def finish_request(self, req_id: str, status: RequestStatus) -> Request | None:
+        """Finish (stop, length) or abort a request; its blocks go back to the pool now."""
+        request = self.requests.pop(req_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.block_manager.free(request)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's tokens: running requests first, then admit waiting ones."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+
+        # 1. Running requests, oldest first; preempt from the back when blocks run out.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:            # nothing to compute (cannot happen after sampling)
+                i += 1
+                continue
+            while not bm.allocate_slots(request, num_new):
+                victim = self._pick_victim()
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            else:
+                self._schedule(out, request, num_new)
+                budget -= num_new
+                i += 1
+                continue
+            # the request itself was preempted; running[i] is now the next one
+
+        # 2. Waiting requests, unless we just had to preempt (no room: don't thrash).
+        while (self.waiting and budget > 0 and not out.preempted_req_ids
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            hit_blocks, num_hit = bm.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                break
+            num_new = min(num_new, budget)
+            if not bm.allocate_slots(request, num_new, hit_blocks):
+                break
+            self.waiting.popleft()
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+                bm.prefix_stats.record(request.num_tokens, num_hit)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+            request.num_computed_tokens = num_hit
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._schedule(out, request, num_new)
+            budget -= num_new
+        return out
+
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Advance computed counts, append sampled tokens, finish on EOS/stop-id/length.
+
+        Returns the requests that got a new token this step (finished ones included; those are
+        already removed from the scheduler and their blocks freed).
+        """
+        updated = []
+        for item in out.scheduled:
+            request = item.request
+            if request.status != RequestStatus.RUNNING:
+                continue                      # aborted while the step ran
+            request.num_computed_tokens += item.num_scheduled_tokens
+            token = result.sampled_token_ids.get(request.request_id)
+            if token is None:
+                continue
+            request.append_output_token(token)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self.finish_request(request.request_id, status)
+            updated.append(request)
+        return updated
+
+    def stats(self) -> SchedulerStats:
+        bm = self.block_manager
+        return SchedulerStats(len(self.running), len(self.waiting), bm.usage,
+                              bm.prefix_stats.queries, bm.prefix_stats.hits, self.num_preemptions)
+
+    # ---- internals -----------------------------------------------------------------------
+    def _schedule(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        out.scheduled.append(ScheduledRequest(
+            request=request,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
+            block_ids=self.block_manager.block_table(request.request_id),
+            needs_sample=request.num_computed_tokens + num_new == request.num_tokens,
+        ))
+        out.total_num_scheduled_tokens += num_new
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request)
+        # An already-scheduled victim (possible under the priority policy) must be unscheduled.
+        for k, item in enumerate(out.scheduled):
+            if item.request is request:
+                out.total_num_scheduled_tokens -= item.num_scheduled_tokens
+                del out.scheduled[k]
+                break
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted_req_ids.append(request.request_id)
+        self._enqueue_waiting(request, front=True)
+
+    def _enqueue_waiting(self, request: Request, front: bool) -> None:
+        if self.config.policy == "priority":
+            key = (request.priority, request.arrival_time)
+            idx = next((k for k, r in enumerate(self.waiting) if (r.priority, r.arrival_time) > key),
+                       len(self.waiting))
+            self.waiting.insert(idx, request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if token == request.eos_token_id and not params.ignore_eos:
+                request.stop_reason = None
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop_token_ids and token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None

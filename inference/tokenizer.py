@@ -1,0 +1,57 @@
+"""Tokenizers: a Hugging Face tokenizer from the model directory, or a byte tokenizer for
+`random:` models (which have no vocabulary of their own, but must still take text prompts)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+
+
+class HFTokenizer:
+    def __init__(self, path: str | Path):
+        from transformers import AutoTokenizer
+        self.hf = AutoTokenizer.from_pretrained(str(path))
+        self.eos_token_id = self.hf.eos_token_id
+        self.vocab_size = len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=True)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        if not self.hf.chat_template:
+            raise ValueError("messages: this model's tokenizer has no chat template")
+        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.hf.encode(text, add_special_tokens=False)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past three special ids (0 pad, 1 bos, 2 eos); ids past 258 wrap."""
+    NUM_SPECIAL = 3
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None = 2):
+        if vocab_size < 256 + self.NUM_SPECIAL:
+            raise ValueError(f"vocab_size: a byte tokenizer needs >= 259 ids, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return [1] + [b + self.NUM_SPECIAL for b in text.encode("utf-8")]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        data = bytes((t - self.NUM_SPECIAL) % 256 for t in token_ids
+                     if not (skip_special_tokens and t < self.NUM_SPECIAL))
+        return data.decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return self.encode(text + ("assistant: " if add_generation_prompt else ""))
