@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from inference.models.arch import ModelArch
 from inference.models.cpu_packing import cpu_packing_available, pack_linear_weights
 from inference.models.llama import LlamaForCausalLM
 from inference.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,7 +103,12 @@ def load_model(config: ModelConfig) -> LoadedModel:
         tokenizer: Tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
     else:
         load_safetensors(model, model_dir)
-        tokenizer = HFTokenizer(config.tokenizer or model_dir)
+        tokenizer_dir = Path(config.tokenizer) if config.tokenizer else model_dir
+        if any((tokenizer_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            tokenizer = HFTokenizer(tokenizer_dir)
+        else:
+            log.warning("%s has no tokenizer files: using a byte tokenizer (pass tokenizer=DIR)", tokenizer_dir)
+            tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     return LoadedModel(model, arch, tokenizer, max_model_len, dtype, config.model)

@@ -1,0 +1,39 @@
+"""Shared fixtures. The real SmolLM2 model is converted once per machine (cached safetensors)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    from inference.loader.model_loader import resolve_model_dir
+    return resolve_model_dir("smollm2")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def llm_fp32():
+    """One fp32 SmolLM2 engine shared by tests that use default engine arguments."""
+    from inference import LLM
+    return LLM("smollm2", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=256 << 20)
+
+
+def assert_all_blocks_free(llm) -> None:
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_blocks - bm.num_free_blocks} blocks leaked"
+    assert not bm.req_to_blocks
+    assert not llm.engine.scheduler.has_unfinished()
+    assert not llm.engine.states

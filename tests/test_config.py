@@ -1,0 +1,46 @@
+"""Config: YAML < environment < keyword arguments, validated on construction."""
+from __future__ import annotations
+
+import pytest
+
+from inference.config import EngineConfig
+
+
+def test_yaml_env_and_kwargs_precedence(tmp_path):
+    path = tmp_path / "engine.yaml"
+    path.write_text("model: {model: random:tiny, max_model_len: 128}\n"
+                    "scheduler: {max_num_seqs: 7, max_num_batched_tokens: 64}\n"
+                    "cache: {block_size: 8}\n")
+    env = {"INFERENCE_SCHEDULER_MAX_NUM_SEQS": "9", "INFERENCE_CACHE_ENABLE_PREFIX_CACHING": "false"}
+    cfg = EngineConfig.load(path, env=env, max_num_batched_tokens=32)
+    assert cfg.model.model == "random:tiny" and cfg.model.max_model_len == 128
+    assert cfg.scheduler.max_num_seqs == 9                    # env beats YAML
+    assert cfg.scheduler.max_num_batched_tokens == 32         # kwargs beat YAML
+    assert cfg.cache.enable_prefix_caching is False and cfg.cache.block_size == 8
+    with pytest.raises(Exception):
+        cfg.cache.block_size = 32                             # frozen
+
+
+def test_default_yaml_loads():
+    cfg = EngineConfig.load(env={})
+    assert cfg.model.model == "smollm2" and cfg.cache.block_size == 16
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"block_size": 12}, "^block_size"), ({"max_num_seqs": 0}, "^max_num_seqs"),
+    ({"dtype": "float8"}, "^dtype"), ({"scheduling_policy": "lifo"}, "^policy"),
+    ({"max_model_len": 0}, "^max_model_len"), ({"kv_cache_memory_bytes": 0}, "^kv_cache_memory_bytes"),
+    ({"gpu_magic": 1}, "unknown engine argument"),
+])
+def test_bad_values_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.load(env={}, **kwargs)
+
+
+def test_bad_env_and_unknown_yaml_keys(tmp_path):
+    with pytest.raises(ValueError, match="INFERENCE_SCHEDULER_MAX_NUM_SEQS"):
+        EngineConfig.load(env={"INFERENCE_SCHEDULER_MAX_NUM_SEQS": "many"})
+    path = tmp_path / "engine.yaml"
+    path.write_text("cache: {blok_size: 8}\n")
+    with pytest.raises(ValueError, match="blok_size"):
+        EngineConfig.load(path, env={})

@@ -1,0 +1,45 @@
+"""Incremental detokenisation: multi-byte characters and stop strings, token by token."""
+from __future__ import annotations
+
+import pytest
+
+from inference.detokenizer import IncrementalDetokenizer
+from inference.sampling_params import SamplingParams
+from inference.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer(512)
+
+
+def _stream(text: str, **params):
+    detok = IncrementalDetokenizer(TOK, SamplingParams(**params), TOK.encode("prompt"))
+    deltas = []
+    for token in TOK.encode(text)[1:]:               # one byte per token: characters split across tokens
+        stop = detok.add_tokens([token])
+        deltas.append(detok.take_delta(finished=stop is not None))
+        if stop is not None:
+            return deltas, stop, detok
+    deltas.append(detok.take_delta(finished=True))
+    return deltas, None, detok
+
+
+def test_multibyte_characters_never_split():
+    text = "价格是 ¥99 — 谢谢 🙂"
+    deltas, _, _ = _stream(text)
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_held_back_then_cut(include):
+    deltas, stop, detok = _stream("abc END def", stop=["END", "XYZ"], include_stop_str_in_output=include)
+    assert stop == "END"
+    assert "".join(deltas) == ("abc END" if include else "abc ")
+    running = ""
+    for d in deltas[:-1]:
+        running += d
+        assert not running.endswith(("E", "EN")), running     # partial stop never shown early
+
+
+def test_false_start_of_stop_is_released():
+    deltas, stop, _ = _stream("a EN b", stop="END")
+    assert stop is None and "".join(deltas) == "a EN b"
