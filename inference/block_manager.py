@@ -129,10 +129,20 @@ class BlockManager:
             self._cache_full_blocks(request, num_total)
         return True
 
-    def free(self, request: Request) -> None:
-        """Release every block of `request` (finish, abort or preemption). Idempotent."""
+    def free(self, request: Request, num_valid_tokens: int | None = None) -> None:
+        """Release every block of `request` (finish, abort or preemption). Idempotent.
+
+        `num_valid_tokens`: only that many tokens' KV was written (a step was cancelled); hashes
+        registered for blocks past them are forgotten so no later request can hit them.
+        """
         table = self.req_to_blocks.pop(request.request_id, [])
         self.req_num_cached.pop(request.request_id, None)
+        if num_valid_tokens is not None:
+            for block_id in table[num_valid_tokens // self.block_size:]:
+                block = self.blocks[block_id]
+                if block.block_hash is not None and self.cached_blocks.get(block.block_hash) == block_id:
+                    del self.cached_blocks[block.block_hash]
+                block.block_hash = None
         # Reverse order: the tail of a sequence is the least likely to be shared, evict it first.
         for block_id in reversed(table):
             block = self.blocks[block_id]

@@ -59,6 +59,10 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int):
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            # a prompt, or a recompute after preemption, of up to max_model_len tokens must fit one step
+            raise ValueError(f"max_num_batched_tokens: must be >= max_model_len ({max_model_len}) "
+                             f"without chunked prefill, got {config.max_num_batched_tokens}")
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -110,17 +114,16 @@ class Scheduler:
             if num_new <= 0:            # nothing to compute (cannot happen after sampling)
                 i += 1
                 continue
-            while not bm.allocate_slots(request, num_new):
-                victim = self._pick_victim()
-                self._preempt(victim, out)
-                if victim is request:
-                    break
-            else:
+            if bm.allocate_slots(request, num_new):
                 self._schedule(out, request, num_new)
                 budget -= num_new
                 i += 1
                 continue
-            # the request itself was preempted; running[i] is now the next one
+            victim = self._pick_victim()
+            if self.running.index(victim) < i:
+                i -= 1                  # an already-scheduled victim: later entries shift left
+            budget += self._preempt(victim, out)
+            # retry running[i]: the same request, or the next one if it was the victim
 
         # 2. Waiting requests, unless we just had to preempt (no room: don't thrash).
         while (self.waiting and budget > 0 and not out.preempted_req_ids
@@ -179,7 +182,7 @@ class Scheduler:
             request=request,
             num_computed_tokens=request.num_computed_tokens,
             num_scheduled_tokens=num_new,
-            block_ids=self.block_manager.block_table(request.request_id),
+            block_ids=list(self.block_manager.block_table(request.request_id)),
             needs_sample=request.num_computed_tokens + num_new == request.num_tokens,
         ))
         out.total_num_scheduled_tokens += num_new
@@ -189,21 +192,26 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, out: SchedulerOutput) -> int:
+        """Preempt `request`; returns the tokens it gives back to this step's budget."""
         self.running.remove(request)
-        self.block_manager.free(request)
+        num_unscheduled = 0
         # An already-scheduled victim (possible under the priority policy) must be unscheduled.
         for k, item in enumerate(out.scheduled):
             if item.request is request:
-                out.total_num_scheduled_tokens -= item.num_scheduled_tokens
+                num_unscheduled = item.num_scheduled_tokens
+                out.total_num_scheduled_tokens -= num_unscheduled
                 del out.scheduled[k]
                 break
+        # Blocks its cancelled step registered in the prefix cache will never be written.
+        self.block_manager.free(request, num_valid_tokens=request.num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_req_ids.append(request.request_id)
         self._enqueue_waiting(request, front=True)
+        return num_unscheduled
 
     def _enqueue_waiting(self, request: Request, front: bool) -> None:
         if self.config.policy == "priority":

@@ -8,6 +8,7 @@ token ids >= 10_000, so they never collide with fake outputs or with small eos /
 from __future__ import annotations
 
 import itertools
+import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ def fake_token(request: Request) -> int:
     return 100 + len(request.output_token_ids)
 
 
+class StaleKVError(AssertionError):
+    """A step attended to KV that does not hold its request's tokens."""
+
+
 class FakeKVCache:
     """The paged KV cache with token ids for values: catches a step that attends to a slot its
     request never wrote (a stale prefix hit, a block overwritten while shared, a bad table)."""
@@ -86,17 +91,29 @@ class FakeKVCache:
         bs = self.block_size
         seen = [self.slots[block_ids[pos // bs]][pos % bs] for pos in range(num_tokens)]
         bad = [pos for pos in range(num_tokens) if seen[pos] != tokens[pos]]
-        assert not bad, (f"{req_id}: KV of positions {bad} is not its tokens "
-                         f"(blocks {block_ids}; slots hold {[seen[p] for p in bad]})")
+        if bad:
+            raise StaleKVError(f"{req_id}: KV of positions {bad} is not its tokens "
+                               f"(blocks {block_ids}; slots hold {[seen[p] for p in bad]})")
 
 
-def fake_step(scheduler: Scheduler, token_fn: Callable[[Request], int] = fake_token,
-              kv: FakeKVCache | None = None) -> tuple[SchedulerOutput, list[Request]]:
-    """schedule() -> a ModelRunnerOutput with one token per `needs_sample` -> update_from_output.
-    With `kv`, the step is also played on a fake paged KV cache and checked."""
+_kv_caches: "weakref.WeakKeyDictionary[Scheduler, FakeKVCache]" = weakref.WeakKeyDictionary()
+
+
+def kv_of(scheduler: Scheduler) -> FakeKVCache:
+    """The fake KV cache that goes with `scheduler` (one per scheduler, made on first use)."""
+    kv = _kv_caches.get(scheduler)
+    if kv is None:
+        bm = scheduler.block_manager
+        kv = _kv_caches[scheduler] = FakeKVCache(bm.num_blocks, bm.block_size)
+    return kv
+
+
+def fake_step(scheduler: Scheduler, token_fn: Callable[[Request], int] = fake_token
+              ) -> tuple[SchedulerOutput, list[Request]]:
+    """schedule() -> play the step on the scheduler's fake KV cache (checks what it reads) ->
+    a ModelRunnerOutput with one token per `needs_sample` -> update_from_output."""
     out = scheduler.schedule()
-    if kv is not None:
-        kv.run(out)
+    kv_of(scheduler).run(out)
     result = ModelRunnerOutput(sampled_token_ids={
         item.request.request_id: token_fn(item.request) for item in out.scheduled if item.needs_sample})
     updated = scheduler.update_from_output(out, result)
@@ -153,6 +170,7 @@ class RunLog:
     steps: list[SchedulerOutput] = field(default_factory=list)
     finished: dict[str, Request] = field(default_factory=dict)      # req_id -> request
     first_token_step: dict[str, int] = field(default_factory=dict)  # req_id -> step index
+    finish_step: dict[str, int] = field(default_factory=dict)       # req_id -> step index
 
     @property
     def num_steps(self) -> int:
@@ -170,7 +188,6 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 1_000,
     fails after `max_steps` instead of hanging."""
     log = log or RunLog()
     bm = scheduler.block_manager
-    kv = FakeKVCache(bm.num_blocks, bm.block_size)
     step = 0
     while True:
         if before_step is not None:
@@ -181,13 +198,14 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 1_000,
             raise AssertionError(
                 f"not finished after {max_steps} steps: running={[r.request_id for r in scheduler.running]} "
                 f"waiting={[r.request_id for r in scheduler.waiting]}")
-        out, updated = fake_step(scheduler, token_fn, kv)
+        out, updated = fake_step(scheduler, token_fn)
         check_step(scheduler, out)
         log.steps.append(out)
         for r in updated:
             log.first_token_step.setdefault(r.request_id, step)
             if r.status.is_finished:
                 log.finished[r.request_id] = r
+                log.finish_step[r.request_id] = step
         step += 1
     assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_blocks - bm.num_free_blocks} blocks leaked"
     assert not bm.req_to_blocks and not bm.req_num_cached
