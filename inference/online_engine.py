@@ -28,10 +28,13 @@ class RequestStream:
     def __init__(self, request_id: str, n: int, engine: "OnlineEngine"):
         self.request_id = request_id
         self._queue: queue.Queue[StreamDelta] = queue.Queue()
-        self._remaining = n
+        self._remaining = n                  # consumer side: finals not yet read
+        self._open = set(range(n))           # producer side: samples without a final delta
         self._engine = engine
 
     def put(self, delta: StreamDelta) -> None:
+        if delta.finished:
+            self._open.discard(delta.index)
         self._queue.put(delta)
 
     def __iter__(self) -> Iterator[StreamDelta]:
@@ -50,6 +53,11 @@ class RequestStream:
     @property
     def finished(self) -> bool:
         return self._remaining <= 0
+
+    @property
+    def open_indices(self) -> list[int]:
+        """Samples that have not been sent their final delta yet."""
+        return sorted(self._open)
 
     def abort(self) -> None:
         self._engine.abort(self.request_id)
@@ -115,14 +123,30 @@ class OnlineEngine:
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
-                for state in engine.step():
-                    self._publish(state)
+                try:
+                    for state in engine.step():
+                        self._publish(state)
+                except Exception as exc:
+                    # A failing step (e.g. out of memory) fails the requests in flight, not the
+                    # loop: their blocks are freed and later requests are served.
+                    log.exception("engine step failed; aborting %d requests", len(engine.states))
+                    self._fail_all(exc)
         except BaseException as exc:                      # never leave callers hanging
             log.exception("engine loop died")
             self.error = exc
-            for req_id, stream in list(self._streams.items()):
-                stream.put(StreamDelta(req_id, 0, "", [], finish_reason="abort", error=repr(exc)))
+            self._fail_all(exc)
             raise
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for req_id in list(self.engine.states):
+            self.engine.abort_request(req_id)
+            self.engine.retire_aborted(req_id)
+        for req_id, stream in list(self._streams.items()):
+            for index in stream.open_indices:
+                stream.put(StreamDelta(req_id, index, "", [], finish_reason="abort", error=repr(exc)))
+        self._streams.clear()
+        with self._validate_lock:
+            self._pending_ids.clear()
 
     def _drain_inbox(self) -> None:
         while True:

@@ -126,3 +126,24 @@ def test_bad_input_raises_in_caller_and_engine_keeps_serving(tiny):
     deltas = list(stream)
     assert deltas[-1].num_output_tokens == 3
     assert tiny.is_alive()
+
+
+def test_failing_step_fails_its_requests_not_the_loop(tiny, monkeypatch):
+    runner = tiny.engine.runner
+    real = runner.execute
+    calls = {"n": 0}
+
+    def flaky(sched):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated device fault")
+        return real(sched)
+
+    monkeypatch.setattr(runner, "execute", flaky)
+    deltas = list(tiny.add_request("doomed", SamplingParams(n=2, max_tokens=5, ignore_eos=True)))
+    assert [d.finish_reason for d in deltas] == ["abort", "abort"]
+    assert "simulated device fault" in deltas[0].error
+    _wait_idle(tiny, timeout=2)
+    ok = list(tiny.add_request("fine", SamplingParams(max_tokens=4, ignore_eos=True)))
+    assert ok[-1].finish_reason == "length" and ok[-1].num_output_tokens == 4
+    assert tiny.is_alive()
