@@ -56,24 +56,25 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, row in enumerate(rows):
         p = row.params
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long)
+            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long,
+                                device=logits.device)
             seen = seen[seen < vocab]
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
-            counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
+            counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device),
+                                    minlength=vocab)[:vocab]
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
 
 def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow], default_generator) -> torch.Tensor:
-    greedy = torch.tensor([r.params.is_greedy for r in rows])
     result = logits.argmax(dim=-1)
-    random_idx = (~greedy).nonzero().flatten().tolist()
+    random_idx = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if not random_idx:
         return result
     sub = logits[random_idx]                                             # [R, vocab]
     sub_rows = [rows[i] for i in random_idx]
-    temps = torch.tensor([r.params.temperature for r in sub_rows], dtype=sub.dtype)
+    temps = torch.tensor([r.params.temperature for r in sub_rows], dtype=sub.dtype, device=sub.device)
     sub.div_(temps[:, None])
     _filter_top_k_top_p_min_p(sub, sub_rows)
     probs = torch.softmax(sub, dim=-1)
@@ -86,16 +87,17 @@ def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow], default_generato
 
 def _filter_top_k_top_p_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     vocab = logits.shape[-1]
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
-    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
-    if bool((min_p > 0).any()):
+    dev = logits.device
+    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=dev)
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype, device=dev)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype, device=dev)
+    if any(r.params.min_p > 0 for r in rows):
         probs = torch.softmax(logits, dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits.masked_fill_(probs < threshold, float("-inf"))
-    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+    if any(0 < r.params.top_k < vocab or r.params.top_p < 1.0 for r in rows):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab)[None, :]
+        ranks = torch.arange(vocab, device=dev)[None, :]
         remove = ranks >= top_k[:, None]
         sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
         cum = sorted_probs.cumsum(dim=-1)
