@@ -27,7 +27,7 @@ class PrefillChunk:
     query_start: int               # first token of the chunk in the flat batch
     query_len: int
     context_len: int               # cached tokens before the chunk + query_len
-    gather_slots: torch.Tensor     # [context_len] slots of the whole context, in order
+    block_table: torch.Tensor      # [ceil(context_len / block_size)] the blocks holding the context
     causal_mask: torch.Tensor | None   # [query_len, context_len] bool; None -> plain causal
 
 
@@ -35,9 +35,22 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor                 # [num_tokens] where each new K/V goes
     num_decodes: int = 0                       # the first num_decodes tokens are decodes
-    decode_slots: torch.Tensor | None = None   # [num_decodes, max_context] gather indices
-    decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, max_context] bool; None = all valid
+    decode_block_tables: torch.Tensor | None = None   # [num_decodes, max_blocks], padded with block 0
+    decode_context_len: int = 0                # longest decode context
+    decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, max_blocks * block_size] bool;
+                                               # None when every decode has decode_context_len tokens
     prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, Hkv, D], tables [B, nb] -> [B, nb * block_size, Hkv, D].
+
+    Whole blocks are copied (contiguous runs of block_size * Hkv * D elements), which is several
+    times cheaper than gathering slot by slot.
+    """
+    b, nb = block_tables.shape
+    _, block_size, hkv, d = cache.shape
+    return cache.index_select(0, block_tables.reshape(-1)).view(b, nb * block_size, hkv, d)
 
 
 def bottom_right_causal_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor:
@@ -64,30 +77,30 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[-2]
     group = num_heads // num_kv_heads
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)      # [num_slots, Hkv, D]
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     nd = meta.num_decodes
-    if nd == num_tokens:          # pure decode step: no output buffer to stitch
-        qd = q.view(nd, num_kv_heads, group, head_dim)
-        kd = k_flat[meta.decode_slots].transpose(1, 2)
-        vd = v_flat[meta.decode_slots].transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        return od.view(nd, num_heads, head_dim)
-    out = torch.empty_like(q)
+    od = None
     if nd:
         # GQA without copying K/V: the `group` query heads sharing a KV head act as its
         # `group` query rows; decodes attend to their whole context, so no causal mask.
         qd = q[:nd].view(nd, num_kv_heads, group, head_dim)                  # [B, Hkv, G, D]
-        kd = k_flat[meta.decode_slots].transpose(1, 2)                       # [B, Hkv, L, D]
-        vd = v_flat[meta.decode_slots].transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
-        out[:nd] = od.reshape(nd, num_heads, head_dim)
-
+        kd = gather_blocks(k_cache, meta.decode_block_tables)                # [B, L_pad, Hkv, D]
+        vd = gather_blocks(v_cache, meta.decode_block_tables)
+        if meta.decode_mask is None:                                         # equal lengths: trim
+            kd, vd = kd[:, :meta.decode_context_len], vd[:, :meta.decode_context_len]
+        od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
+                                            attn_mask=meta.decode_mask, scale=scale)
+        od = od.reshape(nd, num_heads, head_dim)
+        if nd == num_tokens:
+            return od
+    out = torch.empty_like(q)
+    if od is not None:
+        out[:nd] = od
     for chunk in meta.prefills:
         s, n, ctx = chunk.query_start, chunk.query_len, chunk.context_len
         qp = q[s:s + n].transpose(0, 1)                                      # [H, n, D]
-        kp = k_flat[chunk.gather_slots].transpose(0, 1)                      # [Hkv, ctx, D]
-        vp = v_flat[chunk.gather_slots].transpose(0, 1)
+        table = chunk.block_table[None]
+        kp = gather_blocks(k_cache, table)[0, :ctx].transpose(0, 1)          # [Hkv, ctx, D]
+        vp = gather_blocks(v_cache, table)[0, :ctx].transpose(0, 1)
         if group > 1:
             kp = kp[:, None].expand(num_kv_heads, group, ctx, head_dim).reshape(num_heads, ctx, head_dim)
             vp = vp[:, None].expand(num_kv_heads, group, ctx, head_dim).reshape(num_heads, ctx, head_dim)

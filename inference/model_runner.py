@@ -101,20 +101,20 @@ class ModelRunner:
             ctx = [it.num_computed_tokens + 1 for it in decodes]
             max_ctx = max(ctx)
             max_blocks = -(-max_ctx // bs)
-            tables = torch.tensor([it.block_ids[:max_blocks] + [0] * (max_blocks - len(it.block_ids[:max_blocks]))
-                                   for it in decodes], dtype=torch.long, device=dev)      # [B, max_blocks]
-            pos = torch.arange(max_ctx, device=dev)
             meta.num_decodes = len(decodes)
-            meta.decode_slots = tables[:, pos // bs] * bs + pos % bs                     # [B, max_ctx]
+            meta.decode_context_len = max_ctx
+            meta.decode_block_tables = torch.tensor(
+                [(it.block_ids[:max_blocks] + [0] * max_blocks)[:max_blocks] for it in decodes],
+                dtype=torch.long, device=dev)                                            # [B, max_blocks]
             if min(ctx) != max_ctx:
+                pos = torch.arange(max_blocks * bs, device=dev)
                 ctx_t = torch.tensor(ctx, device=dev)
-                meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]      # [B, 1, 1, max_ctx]
+                meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]      # [B, 1, 1, L_pad]
         start = len(decodes)
         for it in items[len(decodes):]:
             n, ctx = it.num_scheduled_tokens, it.num_computed_tokens + it.num_scheduled_tokens
-            pos = torch.arange(ctx, device=dev)
             table = torch.tensor(it.block_ids[:-(-ctx // bs)], dtype=torch.long, device=dev)
             mask = None if it.num_computed_tokens == 0 else bottom_right_causal_mask(n, ctx, dev)
-            meta.prefills.append(PrefillChunk(start, n, ctx, table[pos // bs] * bs + pos % bs, mask))
+            meta.prefills.append(PrefillChunk(start, n, ctx, table, mask))
             start += n
         return meta

@@ -28,10 +28,14 @@ class PackedLinear(nn.Module):
 
 
 def pack_linear_weights(model: nn.Module) -> None:
-    """Replace every nn.Linear (and a tied LM head) with a PackedLinear, in place."""
+    """Replace every nn.Linear (and a tied LM head) with a PackedLinear, in place, and switch
+    RMSNorms to LayerNorm's fused kernel (one op instead of several per norm)."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, PackedLinear(child.weight, child.bias))
+    for module in model.modules():
+        if hasattr(module, "use_layer_norm_kernel"):
+            module.use_layer_norm_kernel()
     if getattr(model, "lm_head", False) is None:          # tied embeddings: pack a copy for logits
         model.lm_head = PackedLinear(model.embed_tokens.weight, None)

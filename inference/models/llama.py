@@ -21,14 +21,24 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.mirror_weight: torch.Tensor | None = None     # set by use_layer_norm_kernel()
+
+    def use_layer_norm_kernel(self) -> None:
+        """Compute RMSNorm with LayerNorm's fused kernel (CPU transform, see forward)."""
+        self.mirror_weight = torch.cat([self.weight.detach(), torch.ones_like(self.weight.detach())])
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
         if residual is not None:
             x = x + residual
             residual = x
-        # One fused op; for 16-bit inputs it accumulates in fp32 internally.
-        out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        n = x.shape[-1]
+        if self.mirror_weight is None:
+            out = F.rms_norm(x, (n,), self.weight, self.eps)
+        else:
+            # [x, -x] has mean 0 and variance mean(x^2), so LayerNorm of it is RMSNorm of x. On
+            # the CPU layer_norm is one fused fp32-accumulating kernel; rms_norm is several ops.
+            out = F.layer_norm(torch.cat((x, x.neg()), dim=-1), (2 * n,), self.mirror_weight, None, self.eps)[..., :n]
         return out if residual is None else (out, residual)
 
 
@@ -91,7 +101,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)                                            # [T, (H + 2Hkv) * D]
+        qkv = self.qkv_proj.forward(x)                                    # [T, (H + 2Hkv) * D]
         # q and k are adjacent: rotate both with one op pair.
         qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
         qk = RotaryEmbedding.apply(qk, cos, sin)                          # [T, H + Hkv, D]
@@ -99,7 +109,7 @@ class LlamaAttention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)      # [T, H, D]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.o_proj.forward(out.reshape(num_tokens, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -110,8 +120,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj.forward(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -123,13 +133,14 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(arch)
 
     def forward(self, x, residual, cos, sin, k_cache, v_cache, meta):
+        # .forward directly: nn.Module.__call__'s hook handling costs ~0.5 ms per decode step here.
         if residual is None:
-            residual, x = x, self.input_layernorm(x)
+            residual, x = x, self.input_layernorm.forward(x)
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, cos, sin, k_cache, v_cache, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            x, residual = self.input_layernorm.forward(x, residual)
+        x = self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta)
+        x, residual = self.post_attention_layernorm.forward(x, residual)
+        return self.mlp.forward(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -152,7 +163,7 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, cos, sin, k_cache, v_cache, meta)
+            x, residual = layer.forward(x, residual, cos, sin, k_cache, v_cache, meta)
         x, _ = self.norm(x, residual)
         return x
 
