@@ -8,6 +8,11 @@ _LLAMA2_7B = dict(model_type="llama", vocab_size=32000, hidden_size=4096, interm
                   max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
                   bos_token_id=1, eos_token_id=2)
 
+_LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                  max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+                  bos_token_id=128000, eos_token_id=128001)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # A few-MB model for tests: GQA 4:2, untied embeddings.
     "tiny": dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
@@ -20,16 +25,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-2-7b": _LLAMA2_7B,
     "llama-2-13b": {**_LLAMA2_7B, "hidden_size": 5120, "intermediate_size": 13824,
                     "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40},
-    "llama-3-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                       max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                       bos_token_id=128000, eos_token_id=128001),
-    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                         bos_token_id=128000, eos_token_id=128001),
+    "llama-3-8b": _LLAMA3_8B,
+    "llama-3.1-8b": {**_LLAMA3_8B, "max_position_embeddings": 131072,
+                     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
     "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,

@@ -81,7 +81,11 @@ def load_safetensors(model: LlamaForCausalLM, model_dir: Path) -> None:
     gate_up_offsets = [(0, inter), (inter, inter)]
     loaded: set[str] = set()
     files = checkpoint_files(model_dir)
-    with tqdm(desc=f"Loading {model_dir.name}", unit="tensor", leave=False) as bar:
+    total = 0
+    for path in files:                              # headers only: cheap
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            total += len(f.keys())
+    with tqdm(total=total, desc=f"Loading {model_dir.name}", unit="tensor", leave=False) as bar:
         for path in files:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for key in f.keys():
