@@ -51,6 +51,7 @@ class LLMEngine:
         self.states: dict[str, RequestState] = {}                 # parent req_id -> output state
         self.children: dict[str, tuple[str, int]] = {}            # child req_id -> (parent, index)
         self._ids = itertools.count()
+        self._finished: list[FinishedRequestStats] = []        # retired since the last step's stats
         self.last_stats: EngineStats | None = None
 
     # ---- inputs --------------------------------------------------------------------------
@@ -118,57 +119,63 @@ class LLMEngine:
         changed: dict[str, RequestState] = {}
         if not sched.is_empty:
             result = self.runner.execute(sched)
-            for item in sched.scheduled:
-                it.num_prompt_tokens += max(0, min(item.request.num_prompt_tokens, item.num_computed_tokens
-                                                   + item.num_scheduled_tokens) - item.num_computed_tokens)
-            updated = self.scheduler.update_from_output(sched, result)
+            for item in sched.scheduled:           # prompt tokens computed this step
+                end = min(item.request.num_prompt_tokens, item.num_computed_tokens + item.num_scheduled_tokens)
+                it.num_prompt_tokens += max(0, end - item.num_computed_tokens)
             t = now()
-            for request in updated:
-                parent, index = self.children[request.request_id]
-                state = self.states[parent]
-                token = request.output_token_ids[-1]
-                first = state.metrics.first_token_time is None
-                stop_hit, itl = state.add_token(index, token, result.logprobs.get(request.request_id), t)
-                it.num_generation_tokens += 1
-                if first:
-                    it.time_to_first_tokens.append(t - state.metrics.arrival_time)
-                    state.metrics.first_scheduled_time = state.metrics.arrival_time + (
-                        request.first_scheduled_time - request.arrival_time)
-                elif itl is not None:
-                    it.inter_token_latencies.append(itl)
-                if stop_hit is not None and not request.status.is_finished:
-                    self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-                    state.finish(index, "stop", stop_hit, t)
-                elif request.status.is_finished:
-                    state.finish(index, request.status.value, request.stop_reason, t)
-                changed[parent] = state
-        for parent, state in changed.items():
+            for request in self.scheduler.update_from_output(sched, result):
+                state = self._apply_token(request, result.logprobs.get(request.request_id), t, it)
+                changed[state.request_id] = state
+        for state in changed.values():
             if state.finished:
-                self._retire(parent, state, it)
+                self._retire(state)
+        it.finished, self._finished = self._finished, []
         it.step_time = time.perf_counter() - t0
         self.last_stats = EngineStats(self.scheduler.stats(), it)
         return list(changed.values())
+
+    def _apply_token(self, request: Request, logprobs, t: float, it: IterationStats) -> RequestState:
+        """Hand a request's new token to its output state; finish it on a stop string."""
+        parent, index = self.children[request.request_id]
+        state = self.states[parent]
+        first = state.metrics.first_token_time is None
+        stop_hit, itl = state.add_token(index, request.output_token_ids[-1], logprobs, t)
+        it.num_generation_tokens += 1
+        if first:
+            it.time_to_first_tokens.append(t - state.metrics.arrival_time)
+            # request times are monotonic; metrics are wall-clock: carry the queueing interval over
+            state.metrics.first_scheduled_time = state.metrics.arrival_time + (
+                request.first_scheduled_time - request.arrival_time)
+        elif itl is not None:
+            it.inter_token_latencies.append(itl)
+        if stop_hit is not None and not request.status.is_finished:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            state.finish(index, "stop", stop_hit, t)
+        elif request.status.is_finished:
+            state.finish(index, request.status.value, request.stop_reason, t)
+        return state
 
     def retire_aborted(self, request_id: str) -> RequestState | None:
         """Forget an aborted request's state (after its final output was taken)."""
         state = self.states.get(request_id)
         if state is not None and state.finished:
-            self._retire(request_id, state, None)
+            self._retire(state)
         return state
 
-    def _retire(self, parent: str, state: RequestState, it: IterationStats | None) -> None:
+    def _retire(self, state: RequestState) -> None:
+        """Drop a finished request's bookkeeping; its stats go out with the next step's."""
+        parent, n = state.request_id, state.params.n
         self.states.pop(parent, None)
-        ids = [child_id(parent, i, state.params.n) for i in range(state.params.n)]
+        ids = [child_id(parent, i, n) for i in range(n)]
         for cid in ids:
             self.children.pop(cid, None)
         self.runner.remove_requests(ids)
-        if it is not None:
-            m = state.metrics
-            reason = next((s.finish_reason for s in state.samples if s.finish_reason != "abort"), "abort")
-            it.finished.append(FinishedRequestStats(
-                parent, reason, len(state.prompt_token_ids), sum(len(s.token_ids) for s in state.samples),
-                (m.finished_time or now()) - m.arrival_time,
-                (m.first_scheduled_time or m.arrival_time) - m.arrival_time, m.time_to_first_token))
+        m = state.metrics
+        reason = next((s.finish_reason for s in state.samples if s.finish_reason != "abort"), "abort")
+        self._finished.append(FinishedRequestStats(
+            parent, reason, len(state.prompt_token_ids), sum(len(s.token_ids) for s in state.samples),
+            (m.finished_time or now()) - m.arrival_time,
+            (m.first_scheduled_time or m.arrival_time) - m.arrival_time, m.time_to_first_token))
 
     def take_deltas(self, states: list[RequestState]) -> list[StreamDelta]:
         return [d for s in states for d in s.take_deltas()]
