@@ -21,6 +21,7 @@ class IncrementalDetokenizer:
         self.skip_special = params.skip_special_tokens
         self.stops = params.stop_strings
         self.include_stop = params.include_stop_str_in_output
+        self.min_tokens = params.min_tokens
         self.max_stop_len = max((len(s) for s in self.stops), default=0)
         # The prompt's last tokens give the first output token its context (leading spaces).
         self.token_ids: list[int] = list(prompt_token_ids[-_CONTEXT:]) if prompt_token_ids else []
@@ -42,7 +43,7 @@ class IncrementalDetokenizer:
             self.num_output_tokens += 1
             before = len(self.text)
             self._decode_step()
-            if self.stops and self.stop_hit is None:
+            if self.stops and self.stop_hit is None and self.num_output_tokens > self.min_tokens:
                 # Search only where a match could newly end.
                 lo = max(0, before - self.max_stop_len + 1)
                 for stop in self.stops:

@@ -76,9 +76,16 @@ class LLMEngine:
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"prompt: {len(token_ids)} tokens leave no room to generate within the "
                              f"model's context (max_model_len={self.max_model_len})")
+        if params.stop_token_ids and any(t >= self.arch.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids: every id must be < the vocabulary size {self.arch.vocab_size}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: must be an integer, got {priority!r}")
         if self.scheduler.config.policy != "priority" and priority != 0:
             raise ValueError("priority: only supported with scheduling_policy='priority'")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if "#" in request_id or not request_id:
+            raise ValueError(f"request_id: must be non-empty and must not contain '#' (reserved for the "
+                             f"n samples of a request), got {request_id!r}")
         if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         return ValidatedRequest(request_id, text, token_ids, params, priority, now())
@@ -148,9 +155,10 @@ class LLMEngine:
                 request.first_scheduled_time - request.arrival_time)
         elif itl is not None:
             it.inter_token_latencies.append(itl)
-        if stop_hit is not None and not request.status.is_finished:
-            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-            state.finish(index, "stop", stop_hit, t)
+        if stop_hit is not None:
+            if not request.status.is_finished:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            state.finish(index, "stop", stop_hit, t)     # the stop string wins over length
         elif request.status.is_finished:
             state.finish(index, request.status.value, request.stop_reason, t)
         return state
@@ -179,3 +187,13 @@ class LLMEngine:
 
     def take_deltas(self, states: list[RequestState]) -> list[StreamDelta]:
         return [d for s in states for d in s.take_deltas()]
+
+
+def check_messages(conv: Any) -> None:
+    """A chat conversation: a non-empty list of {"role": system|user|assistant, "content": str}."""
+    if not isinstance(conv, list) or not conv:
+        raise ValueError("messages: must be a non-empty list of {'role', 'content'} dicts")
+    for m in conv:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
+                or not isinstance(m.get("content"), str):
+            raise ValueError("messages: each message needs role in system/user/assistant and string content")

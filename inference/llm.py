@@ -6,7 +6,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from inference.config import EngineConfig
-from inference.engine import LLMEngine, PromptType
+from inference.engine import LLMEngine, PromptType, check_messages
 from inference.outputs import RequestOutput
 from inference.sampling_params import SamplingParams
 
@@ -53,7 +53,7 @@ class LLM:
         batch = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conv in batch:
-            _check_messages(conv)
+            check_messages(conv)
             ids = self.engine.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
             prompts.append({"prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -80,11 +80,3 @@ class LLM:
             bar.close()
         return results
 
-
-def _check_messages(conv: Any) -> None:
-    if not isinstance(conv, list) or not conv:
-        raise ValueError("messages: must be a non-empty list of {'role', 'content'} dicts")
-    for m in conv:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                or not isinstance(m.get("content"), str):
-            raise ValueError("messages: each message needs role in system/user/assistant and string content")

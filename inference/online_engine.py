@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Iterator
 
 from inference.config import EngineConfig
-from inference.engine import LLMEngine, PromptType
+from inference.engine import LLMEngine, PromptType, check_messages
 from inference.outputs import StreamDelta
 from inference.sampling_params import SamplingParams
 from inference.stats import EngineStats
@@ -83,7 +83,7 @@ class OnlineEngine:
                     priority: int = 0) -> RequestStream:
         if not self.is_alive():
             raise RuntimeError(f"engine loop is not running: {self.error!r}")
-        request_id = request_id or uuid.uuid4().hex
+        request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         with self._validate_lock:
             if request_id in self._pending_ids:
                 raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -95,6 +95,7 @@ class OnlineEngine:
         return stream
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams, request_id: str | None = None) -> RequestStream:
+        check_messages(messages)
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.add_request({"prompt_token_ids": ids}, params, request_id)
 
@@ -112,6 +113,8 @@ class OnlineEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+        if not self._thread.is_alive():          # nobody may wait forever on a stopped engine
+            self._fail_all(RuntimeError("engine shut down"))
 
     # ---- the loop (engine thread) ----------------------------------------------------------
     def _loop(self) -> None:
@@ -138,6 +141,14 @@ class OnlineEngine:
             raise
 
     def _fail_all(self, exc: BaseException) -> None:
+        while True:                                  # requests not yet handed to the engine
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                req, stream = payload
+                self._streams.setdefault(req.request_id, stream)
         for req_id in list(self.engine.states):
             self.engine.abort_request(req_id)
             self.engine.retire_aborted(req_id)
@@ -157,7 +168,17 @@ class OnlineEngine:
             if kind == "add":
                 req, stream = payload
                 self._streams[req.request_id] = stream
-                self.engine.add_request(req)
+                try:
+                    self.engine.add_request(req)
+                except Exception as exc:             # validated already; never kill the loop
+                    log.exception("could not queue request %s", req.request_id)
+                    self.engine.abort_request(req.request_id)
+                    self.engine.retire_aborted(req.request_id)
+                    self._streams.pop(req.request_id, None)
+                    for index in stream.open_indices:
+                        stream.put(StreamDelta(req.request_id, index, "", [], finish_reason="abort", error=repr(exc)))
+                    with self._validate_lock:
+                        self._pending_ids.discard(req.request_id)
             elif kind == "abort":
                 state = self.engine.states.get(payload)
                 if state is None:

@@ -1,7 +1,15 @@
 """SamplingParams, shaped like vLLM's; every field is validated before anything is scheduled."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# Below this temperature sampling is greedy (as in vLLM): 1/T would overflow fp32 logits.
+_SAMPLING_EPS = 1e-5
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -23,16 +31,18 @@ class SamplingParams:
     logprobs: int | None = None       # number of top logprobs per generated token
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = 0                 # lower runs first under the "priority" policy
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise bad("n", "must be an integer >= 1")
-        if self.temperature is None or self.temperature < 0:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if not _is_number(getattr(self, name)):
+                raise bad(name, "must be a finite number")
+        if self.temperature < 0:
             raise bad("temperature", "must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must be in (0, 1]")
@@ -54,15 +64,16 @@ class SamplingParams:
             raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "must be an integer")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - 1 - self.n):
+            raise bad("seed", "must be an integer in [0, 2**63 - n)")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             raise bad("stop", "must be a non-empty string or a list of non-empty strings")
         self._stop_list = stops
-        if self.stop_token_ids is not None and any(
-                not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if self.stop_token_ids is not None and (not isinstance(self.stop_token_ids, (list, tuple)) or any(
+                not isinstance(t, int) or t < 0 for t in self.stop_token_ids)):
             raise bad("stop_token_ids", "must be a list of non-negative integers")
+
 
     @property
     def stop_strings(self) -> list[str]:
@@ -70,7 +81,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < _SAMPLING_EPS
 
     @property
     def needs_penalties(self) -> bool:

@@ -89,7 +89,9 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        self.block_manager.free(request)
+        # Only KV below num_computed_tokens was written: a step that failed (or a request
+        # aborted around one) must not leave hashes of unwritten blocks in the prefix cache.
+        self.block_manager.free(request, num_valid_tokens=request.num_computed_tokens)
         return request
 
     def has_unfinished(self) -> bool:

@@ -37,8 +37,7 @@ def make_request(req_id: str, prompt: int | list[int] = 4, *, max_tokens: int = 
     token_ids = prompt_tokens(req_id, prompt) if isinstance(prompt, int) else list(prompt)
     if params is None:
         params = SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens,
-                                stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
-                                priority=priority)
+                                stop_token_ids=stop_token_ids, ignore_eos=ignore_eos)
     return Request(request_id=req_id, prompt_token_ids=token_ids, sampling_params=params,
                    eos_token_id=eos, max_tokens=max_tokens, priority=priority,
                    arrival_time=float(next(_clock)) if arrival_time is None else arrival_time)
