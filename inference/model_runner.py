@@ -70,7 +70,9 @@ class ModelRunner:
         out = ModelRunnerOutput()
         if not sample_rows:
             return out
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        if len(sample_rows) != hidden.shape[0]:          # only rows that sample need logits
+            hidden = hidden[torch.tensor(sample_rows, device=dev)]
+        logits = self.model.compute_logits(hidden)
         sampled = [it for it in items if it.needs_sample]
         result = sample(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
         for it, token, lp in zip(sampled, result.token_ids, result.logprobs):

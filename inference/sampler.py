@@ -30,9 +30,13 @@ class SamplerOutput:
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator | None = None) -> SamplerOutput:
-    """logits: fp32 [num_rows, vocab] (modified in place)."""
+    """logits: [num_rows, vocab] in the model's dtype; processed in fp32."""
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     fast = all(r.params.is_greedy and not r.params.needs_penalties and not r.blocked_token_ids for r in rows)
+    if fast and not want_logprobs:
+        # argmax is exact in any dtype: skip the fp32 copy of [rows, vocab]
+        return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+    logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
     if fast:
         token_ids = logits.argmax(dim=-1)

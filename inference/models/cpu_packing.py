@@ -20,8 +20,10 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
-        self.register_buffer("bias", None if bias is None else bias.detach())
+        # Plain attributes, not buffers: the opaque oneDNN layout cannot be moved or saved anyway,
+        # and plain attribute reads skip nn.Module.__getattr__ on the hot path.
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")

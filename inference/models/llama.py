@@ -168,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[S, hidden] -> fp32 logits [S, vocab] (only for rows that sample)."""
+        """[S, hidden] -> logits [S, vocab] in the model's dtype (only for rows that sample)."""
         if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            return F.linear(hidden, self.embed_tokens.weight)
+        return self.lm_head.forward(hidden)
