@@ -20,13 +20,37 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     p.add_argument("--seed", type=int)
+    p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
-    return EngineConfig.load(args.config, **overrides)
+    return EngineConfig.load(args.config, profile=args.profile, **overrides)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    import waitress
+
+    from inference.online_engine import OnlineEngine
+    from inference.server import ServerConfig, create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = engine_config(args)                 # bad flags fail here, before anything listens
+    keys = tuple(args.api_key or [k for k in os.environ.get("INFERENCE_API_KEYS", "").split(",") if k])
+    server_config = ServerConfig(served_model_name=args.served_model_name or config.model.model, api_keys=keys,
+                                 max_queue_len=args.max_queue_len, max_body_bytes=args.max_body_bytes)
+    app = create_app(lambda: OnlineEngine(config=config), server_config)
+    print(f"Serving {server_config.served_model_name} on http://{args.host}:{args.port} "
+          f"(auth {'on' if keys else 'off'}); /ready turns 200 once the model is loaded", flush=True)
+    # send_bytes=1: SSE chunks leave at once; one thread per open stream.
+    waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
+                   connection_limit=args.threads + 64, channel_timeout=300, ident="support-inference")
+    return 0
 
 
 def chat(args: argparse.Namespace) -> int:
@@ -80,6 +104,16 @@ def generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference")
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP service")
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--threads", type=int, default=512, help="WSGI threads = concurrent open requests")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", action="append", help="accepted Bearer key (repeatable; or INFERENCE_API_KEYS)")
+    p.add_argument("--max-queue-len", type=int, default=256, help="waiting requests beyond this get 429")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.set_defaults(fn=serve)
     for name, fn in (("chat", chat), ("generate", generate)):
         p = sub.add_parser(name)
         add_engine_args(p)

@@ -99,20 +99,29 @@ class EngineConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-             **engine_args: Any) -> "EngineConfig":
-        """YAML (default `configs/engine.yaml`) < environment `INFERENCE_<SECTION>_<KEY>` < kwargs."""
+             profile: str | None = None, **engine_args: Any) -> "EngineConfig":
+        """YAML (default `configs/engine.yaml`) < profile (`configs/profiles/<name>.yaml`)
+        < environment `INFERENCE_<SECTION>_<KEY>` < keyword arguments (explicit flags)."""
         path = Path(path) if path else CONFIG_DIR / "engine.yaml"
-        raw: dict[str, dict[str, Any]] = {}
-        if path.exists():
-            raw = yaml.safe_load(path.read_text()) or {}
-        sections = {f.name: f.type for f in dataclasses.fields(cls) if not f.name.isupper()}
         section_cls = {"model": ModelConfig, "cache": CacheConfig,
                        "scheduler": SchedulerConfig, "sampling": SamplingDefaults}
-        values: dict[str, dict[str, Any]] = {name: dict(raw.get(name) or {}) for name in sections}
-        for name, sub in values.items():
-            unknown = set(sub) - {f.name for f in dataclasses.fields(section_cls[name])}
-            if unknown:
-                raise ValueError(f"{path}: unknown keys in section {name!r}: {sorted(unknown)}")
+        values: dict[str, dict[str, Any]] = {name: {} for name in section_cls}
+        layers = [path] if path.exists() else []
+        if profile is not None:
+            profile_path = CONFIG_DIR / "profiles" / f"{profile}.yaml"
+            if not profile_path.exists():
+                known = sorted(p.stem for p in (CONFIG_DIR / "profiles").glob("*.yaml"))
+                raise ValueError(f"profile: unknown profile {profile!r}; known: {known}")
+            layers.append(profile_path)
+        for layer in layers:
+            raw = yaml.safe_load(layer.read_text()) or {}
+            if not isinstance(raw, dict) or set(raw) - set(section_cls):
+                raise ValueError(f"{layer}: top-level keys must be among {sorted(section_cls)}")
+            for name, sub in raw.items():
+                unknown = set(sub or {}) - {f.name for f in dataclasses.fields(section_cls[name])}
+                if unknown:
+                    raise ValueError(f"{layer}: unknown keys in section {name!r}: {sorted(unknown)}")
+                values[name].update(sub or {})
         env = os.environ if env is None else env
         for name, klass in section_cls.items():
             for f in dataclasses.fields(klass):

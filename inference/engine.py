@@ -163,6 +163,16 @@ class LLMEngine:
             state.finish(index, request.status.value, request.stop_reason, t)
         return state
 
+    def has_pending_stats(self) -> bool:
+        return bool(self._finished)
+
+    def idle_stats(self) -> EngineStats:
+        """Stats for a moment without a step: flushes requests retired since the last step."""
+        it = IterationStats()
+        it.finished, self._finished = self._finished, []
+        self.last_stats = EngineStats(self.scheduler.stats(), it)
+        return self.last_stats
+
     def retire_aborted(self, request_id: str) -> RequestState | None:
         """Forget an aborted request's state (after its final output was taken)."""
         state = self.states.get(request_id)

@@ -75,6 +75,7 @@ class OnlineEngine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.error: BaseException | None = None
+        self._stats_listeners: list = []                 # called with EngineStats after each step
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -106,6 +107,19 @@ class OnlineEngine:
     def stats(self) -> EngineStats | None:
         return self.engine.last_stats
 
+    def add_stats_listener(self, listener) -> None:
+        """`listener(stats: EngineStats)` runs in the engine thread after every step; keep it cheap."""
+        self._stats_listeners.append(listener)
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests accepted and not yet finished (waiting, running or still in the inbox)."""
+        return len(self._pending_ids)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
@@ -123,12 +137,15 @@ class OnlineEngine:
             while not self._stop.is_set():
                 self._drain_inbox()
                 if not engine.has_unfinished():
+                    if engine.has_pending_stats():       # e.g. an abort retired while idle
+                        self._notify(engine.idle_stats())
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
                 try:
                     for state in engine.step():
                         self._publish(state)
+                    self._notify(engine.last_stats)
                 except Exception as exc:
                     # A failing step (e.g. out of memory) fails the requests in flight, not the
                     # loop: their blocks are freed and later requests are served.
@@ -139,6 +156,13 @@ class OnlineEngine:
             self.error = exc
             self._fail_all(exc)
             raise
+
+    def _notify(self, stats: EngineStats | None) -> None:
+        for listener in self._stats_listeners:
+            try:
+                listener(stats)
+            except Exception:                            # metrics must never stop the engine
+                log.exception("stats listener failed")
 
     def _fail_all(self, exc: BaseException) -> None:
         while True:                                  # requests not yet handed to the engine

@@ -44,3 +44,16 @@ def test_bad_env_and_unknown_yaml_keys(tmp_path):
     path.write_text("cache: {blok_size: 8}\n")
     with pytest.raises(ValueError, match="blok_size"):
         EngineConfig.load(path, env={})
+
+
+def test_profiles_layer_between_yaml_and_flags():
+    low = EngineConfig.load(env={}, profile="low-latency")
+    high = EngineConfig.load(env={}, profile="high-throughput")
+    assert low.scheduler.max_num_seqs < EngineConfig.load(env={}, profile="balanced").scheduler.max_num_seqs \
+        < high.scheduler.max_num_seqs
+    assert low.model.model == "smollm2"                                  # the rest comes from engine.yaml
+    flagged = EngineConfig.load(env={}, profile="high-throughput", max_num_seqs=3)
+    assert flagged.scheduler.max_num_seqs == 3                           # explicit flags win
+    assert flagged.scheduler.max_num_batched_tokens == high.scheduler.max_num_batched_tokens
+    with pytest.raises(ValueError, match="^profile.*low-latency"):
+        EngineConfig.load(env={}, profile="fastest")
