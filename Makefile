@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed-v1
+STAMP := $(VENV)/.installed-v2
 MODEL ?= smollm2
 
-.PHONY: run test test-fast bench install clean
+.PHONY: run serve test test-fast bench install clean
 
 install: $(STAMP)
 
@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml Makefile
 
 run: $(STAMP)
 	$(PY) -m inference chat --model $(MODEL)
+
+serve: $(STAMP)
+	$(PY) -m inference serve --model $(MODEL) --host 127.0.0.1 --port 8001
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests
