@@ -1,0 +1,1 @@
+"""Metric definitions shared by all processes (Prometheus exporters), dashboards and alert rules."""
