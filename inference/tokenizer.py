@@ -2,6 +2,7 @@
 `random:` models (which have no vocabulary of their own, but must still take text prompts)."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,23 +16,33 @@ class Tokenizer(Protocol):
 
 
 class HFTokenizer:
+    """A Hugging Face tokenizer shared by request threads (encode) and the engine loop (decode).
+
+    The Rust tokenizer object is not safe for concurrent use ("Already borrowed"), so calls are
+    serialised; each takes microseconds.
+    """
+
     def __init__(self, path: str | Path):
         from transformers import AutoTokenizer
         self.hf = AutoTokenizer.from_pretrained(str(path))
         self.eos_token_id = self.hf.eos_token_id
         self.vocab_size = len(self.hf)
+        self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=True)
+        with self._lock:
+            return self.hf.encode(text, add_special_tokens=True)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        with self._lock:
+            return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         if not self.hf.chat_template:
             raise ValueError("messages: this model's tokenizer has no chat template")
-        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return self.hf.encode(text, add_special_tokens=False)
+        with self._lock:
+            text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return self.hf.encode(text, add_special_tokens=False)
 
 
 class ByteTokenizer:
