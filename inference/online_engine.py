@@ -164,12 +164,20 @@ class OnlineEngine:
             except Exception:                            # metrics must never stop the engine
                 log.exception("stats listener failed")
 
-    def _fail_all(self, exc: BaseException) -> None:
-        while True:                                  # requests not yet handed to the engine
+    def _take_inbox(self):
+        """(kind, payload) messages from callers, until the inbox is empty."""
+        while True:
             try:
-                kind, payload = self._inbox.get_nowait()
+                yield self._inbox.get_nowait()
             except queue.Empty:
-                break
+                return
+
+    def _fail_stream(self, req_id: str, stream: RequestStream, exc: BaseException) -> None:
+        for index in stream.open_indices:
+            stream.put(StreamDelta(req_id, index, "", [], finish_reason="abort", error=repr(exc)))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for kind, payload in self._take_inbox():     # requests not yet handed to the engine
             if kind == "add":
                 req, stream = payload
                 self._streams.setdefault(req.request_id, stream)
@@ -177,18 +185,13 @@ class OnlineEngine:
             self.engine.abort_request(req_id)
             self.engine.retire_aborted(req_id)
         for req_id, stream in list(self._streams.items()):
-            for index in stream.open_indices:
-                stream.put(StreamDelta(req_id, index, "", [], finish_reason="abort", error=repr(exc)))
+            self._fail_stream(req_id, stream, exc)
         self._streams.clear()
         with self._validate_lock:
             self._pending_ids.clear()
 
     def _drain_inbox(self) -> None:
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for kind, payload in self._take_inbox():
             if kind == "add":
                 req, stream = payload
                 self._streams[req.request_id] = stream
@@ -199,8 +202,7 @@ class OnlineEngine:
                     self.engine.abort_request(req.request_id)
                     self.engine.retire_aborted(req.request_id)
                     self._streams.pop(req.request_id, None)
-                    for index in stream.open_indices:
-                        stream.put(StreamDelta(req.request_id, index, "", [], finish_reason="abort", error=repr(exc)))
+                    self._fail_stream(req.request_id, stream, exc)
                     with self._validate_lock:
                         self._pending_ids.discard(req.request_id)
             elif kind == "abort":
