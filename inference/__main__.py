@@ -47,8 +47,11 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(lambda: OnlineEngine(config=config), server_config)
     print(f"Serving {server_config.served_model_name} on http://{args.host}:{args.port} "
           f"(auth {'on' if keys else 'off'}); /ready turns 200 once the model is loaded", flush=True)
-    # send_bytes=1: SSE chunks leave at once; one thread per open stream.
+    # send_bytes=1: SSE chunks leave at once; one thread per open stream. channel_request_lookahead=1
+    # keeps reading the socket while a request runs, so waitress.client_disconnected can see a
+    # client leave (with 0 it never does, and a non-streaming request runs to the end).
     waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
+                   channel_request_lookahead=1,
                    connection_limit=args.threads + 64, channel_timeout=300, ident="support-inference")
     return 0
 

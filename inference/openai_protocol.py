@@ -182,7 +182,7 @@ def parse_chat(body: Any) -> ParsedRequest:
     max_tokens = _max_tokens(body, "max_completion_tokens") or _max_tokens(body)
     params = _sampling(body, max_tokens, (top or 0) if want_logprobs else None)
     return ParsedRequest("chat", _model(body), [{"messages": conv}], params, stream, include_usage,
-                         top_logprobs=top if want_logprobs else None, priority=_get(body, "priority", (int,), 0))
+                         top_logprobs=(top or 0) if want_logprobs else None, priority=_get(body, "priority", (int,), 0))
 
 
 def _model(body: dict) -> str:

@@ -14,6 +14,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -89,7 +90,7 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     metrics = EngineMetrics(model_name=config.served_model_name)
-    app.extensions["inference"] = {"config": config, "metrics": metrics,
+    app.extensions["inference"] = {"config": config, "metrics": metrics, "admission": threading.Lock(),
                                    "holder": EngineHolder(engine_loader, lambda e: e.add_stats_listener(metrics.observe))}
     app.register_blueprint(bp)
 
@@ -174,11 +175,18 @@ def chat_completions():
 def _body():
     raw = request.get_data(cache=False)
     try:
-        return json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"))
+        # "\ud800" is valid JSON but no text: it would fail later, in the tokenizer or the response
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeDecodeError:
         raise APIError(400, "request body is not valid UTF-8") from None
+    except UnicodeEncodeError:
+        raise APIError(400, "request body contains an unpaired surrogate (\\ud800-\\udfff)") from None
     except json.JSONDecodeError as exc:
         raise APIError(400, f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except (ValueError, RecursionError) as exc:     # a 5000-digit integer, nesting deeper than ~1000
+        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+    return body
 
 
 # ---- one request ---------------------------------------------------------------------------------
@@ -202,19 +210,21 @@ def _serve(parsed: ParsedRequest) -> Response:
     if parsed.model != cfg.served_model_name:
         raise APIError(404, f"The model '{parsed.model}' does not exist", "model", code="model_not_found")
     job = _tokenize(parsed, engine)
-    waiting = engine.num_unfinished - (engine.stats().scheduler.num_running if engine.stats() else 0)
-    if waiting >= cfg.max_queue_len:
-        raise APIError(429, f"server busy: {waiting} requests waiting", type_="rate_limit_error",
-                       code="queue_full", headers={"Retry-After": "1"})
     job.client_gone = request.environ.get("waitress.client_disconnected", lambda: False)
-    try:
-        for i, ids in enumerate(job.prompt_ids):
-            job.streams.append(engine.add_request({"prompt_token_ids": ids, "prompt": job.prompt_texts[i]},
-                                                  parsed.params, request_id=f"{parsed.request_id}-{i}",
-                                                  priority=parsed.priority))
-    except ValueError as exc:
-        job.abort_unfinished()
-        raise APIError(400, str(exc), str(exc).split(":", 1)[0]) from None
+    with _ctx()["admission"]:                  # count and admit atomically
+        stats = engine.stats()
+        waiting = engine.num_unfinished - (stats.scheduler.num_running if stats else 0)
+        if waiting >= cfg.max_queue_len:
+            raise APIError(429, f"server busy: {waiting} requests waiting", type_="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": "1"})
+        try:
+            for i, ids in enumerate(job.prompt_ids):
+                job.streams.append(engine.add_request({"prompt_token_ids": ids, "prompt": job.prompt_texts[i]},
+                                                      parsed.params, request_id=f"{parsed.request_id}-{i}",
+                                                      priority=parsed.priority))
+        except ValueError as exc:
+            job.abort_unfinished()
+            raise APIError(400, str(exc), str(exc).split(":", 1)[0]) from None
     if parsed.stream:
         return Response(_sse(job), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -256,14 +266,21 @@ def _tokenize(parsed: ParsedRequest, engine: OnlineEngine) -> _Job:
 
 def _deltas(job: _Job) -> Iterator[tuple[int, StreamDelta]]:
     """(prompt index, delta) for every delta of every stream; aborts everything if the client leaves."""
+    next_check = time.monotonic() + POLL_S
     for i, stream in enumerate(job.streams):
         while not stream.finished:
             try:
                 delta = stream.get(timeout=POLL_S)
             except queue.Empty:
+                delta = None
+            # checked every POLL_S even while deltas flow: a non-streaming request never writes
+            # until the end, so nothing else would notice its client leaving
+            if delta is None or time.monotonic() >= next_check:
+                next_check = time.monotonic() + POLL_S
                 if job.client_gone():
                     job.abort_unfinished()
                     raise ClientDisconnected() from None
+            if delta is None:
                 continue
             if delta.error is not None:
                 job.abort_unfinished()
