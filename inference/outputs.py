@@ -1,7 +1,7 @@
 """What the engine hands back: vLLM-shaped RequestOutput / CompletionOutput."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass

@@ -331,7 +331,7 @@ def _collect(job: _Job) -> dict:
 
 
 def _sse(job: _Job) -> Iterator[str]:
-    p, n = job.parsed, job.parsed.params.n
+    p = job.parsed
     obj = "chat.completion.chunk" if p.kind == "chat" else "text_completion"
     base = {"id": _response_id(p), "object": obj, "created": p.created, "model": p.model}
     completion_tokens = 0

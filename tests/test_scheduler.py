@@ -8,7 +8,7 @@ import pytest
 
 from inference.request import RequestStatus
 from inference.scheduler import ModelRunnerOutput
-from tests.factories import (StaleKVError, check_block_manager, fake_step, kv_of, make_request,
+from tests.factories import (check_block_manager, fake_step, kv_of, make_request,
                              make_scheduler, prompt_tokens, run_to_completion)
 
 
