@@ -26,6 +26,7 @@ class ModelConfig:
     seed: int = 0
     tokenizer: str | None = None
     device: str = "cpu"
+    enforce_eager: bool = False        # CUDA: no CUDA graphs (debugging, or to save their memory)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -39,14 +40,17 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_memory_bytes: int = 1 << 30
+    kv_cache_memory_bytes: int | None = None   # None: 1 GiB on the CPU, sized from free memory on a GPU
+    gpu_memory_utilization: float = 0.9        # share of the GPU's memory the engine may use
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size: must be a power of two >= 1, got {self.block_size}")
-        if self.kv_cache_memory_bytes <= 0:
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError(f"kv_cache_memory_bytes: must be > 0, got {self.kv_cache_memory_bytes}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class EngineConfig:
         "seed": ("model", "seed"),
         "tokenizer": ("model", "tokenizer"),
         "device": ("model", "device"),
+        "enforce_eager": ("model", "enforce_eager"),
+        "gpu_memory_utilization": ("cache", "gpu_memory_utilization"),
         "block_size": ("cache", "block_size"),
         "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),
         "enable_prefix_caching": ("cache", "enable_prefix_caching"),

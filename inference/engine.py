@@ -13,7 +13,7 @@ from typing import Any
 from inference.block_manager import BlockManager
 from inference.config import EngineConfig
 from inference.loader.model_loader import load_model
-from inference.model_runner import ModelRunner, num_kv_blocks
+from inference.model_runner import build_runner
 from inference.output_processor import RequestState, child_id, now
 from inference.outputs import StreamDelta
 from inference.request import Request, RequestStatus
@@ -42,10 +42,10 @@ class LLMEngine:
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
         self.max_model_len = loaded.max_model_len
-        num_blocks = num_kv_blocks(loaded, config.cache)
-        self.block_manager = BlockManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.runner = build_runner(loaded, config)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
+                                          config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
-        self.runner = ModelRunner(loaded, config.cache, num_blocks, config.model.seed)
         eos = self.tokenizer.eos_token_id
         self.eos_token_id = eos if eos is not None else (self.arch.eos_token_ids or [None])[0]
         self.states: dict[str, RequestState] = {}                 # parent req_id -> output state

@@ -9,30 +9,50 @@ from __future__ import annotations
 import torch
 
 from inference.attention import AttentionMetadata, PrefillChunk, bottom_right_causal_mask
-from inference.config import CacheConfig
+from inference.config import CacheConfig, EngineConfig
 from inference.loader.model_loader import LoadedModel
 from inference.sampler import SamplingRow, sample
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
+CPU_KV_CACHE_BYTES = 1 << 30          # default KV cache on the CPU
 
-def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig) -> int:
-    """Blocks that fit in the configured KV memory; fails now if one max-length sequence won't."""
+
+def kv_bytes_per_block(loaded: LoadedModel, cache: CacheConfig) -> int:
     dtype_bytes = torch.tensor([], dtype=loaded.dtype).element_size()
-    bytes_per_block = loaded.arch.kv_bytes_per_token(dtype_bytes) * cache.block_size
-    num_blocks = cache.kv_cache_memory_bytes // bytes_per_block
+    return loaded.arch.kv_bytes_per_token(dtype_bytes) * cache.block_size
+
+
+def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source: str) -> int:
+    """Blocks that fit in kv_bytes; fails now if one max-length sequence won't. `source` names the
+    setting the user should change."""
+    bytes_per_block = kv_bytes_per_block(loaded, cache)
+    num_blocks = kv_bytes // bytes_per_block
     needed = -(-loaded.max_model_len // cache.block_size)
     if num_blocks < needed:
         need_bytes = needed * bytes_per_block
         raise ValueError(
-            f"kv_cache_memory_bytes: {cache.kv_cache_memory_bytes} bytes hold {num_blocks} blocks of "
+            f"{source}: {kv_bytes} bytes of KV cache hold {num_blocks} blocks of "
             f"{cache.block_size} tokens, but one sequence of max_model_len={loaded.max_model_len} needs "
             f"{needed} blocks ({need_bytes} bytes = {need_bytes / 2**20:.1f} MiB); raise "
-            f"kv_cache_memory_bytes or lower max_model_len")
+            f"{source} or lower max_model_len")
     return int(num_blocks)
+
+
+def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
+    """The runner for the model's device; on CUDA the KV cache is sized from free memory."""
+    if loaded.device.type == "cuda":
+        from inference.cuda_runner import CudaModelRunner, size_kv_cache
+        num_blocks = size_kv_cache(loaded, config.cache, config.scheduler)
+        return CudaModelRunner(loaded, config.cache, config.scheduler, num_blocks, config.model.seed,
+                               config.model.enforce_eager)
+    kv_bytes = config.cache.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+    return ModelRunner(loaded, config.cache, num_kv_blocks(loaded, config.cache, kv_bytes, "kv_cache_memory_bytes"),
+                       config.model.seed)
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, cache: CacheConfig, num_blocks: int, seed: int = 0):
+        self.num_blocks = num_blocks
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -72,7 +92,11 @@ class ModelRunner:
             return out
         if len(sample_rows) != hidden.shape[0]:          # only rows that sample need logits
             hidden = hidden[torch.tensor(sample_rows, device=dev)]
-        logits = self.model.compute_logits(hidden)
+        return self._sample(items, self.model.compute_logits(hidden))
+
+    def _sample(self, items: list[ScheduledRequest], logits: torch.Tensor) -> ModelRunnerOutput:
+        """logits: one row per item that samples, in order."""
+        out = ModelRunnerOutput()
         sampled = [it for it in items if it.needs_sample]
         result = sample(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
         for it, token, lp in zip(sampled, result.token_ids, result.logprobs):

@@ -3,6 +3,13 @@ from __future__ import annotations
 
 import os
 
+import torch
+
+# Triton kernels run under its CPU interpreter when there is no GPU. This must be set before any
+# module decorates a kernel with @triton.jit (the decorator reads it), hence first in conftest.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -34,6 +34,10 @@ class LoadedModel:
     dtype: torch.dtype
     name: str
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
@@ -81,6 +85,10 @@ def resolve_model_dir(name: str) -> Path | None:
 
 def load_model(config: ModelConfig) -> LoadedModel:
     device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {config.device!r} asked for, but PyTorch sees no CUDA device")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: must be 'cpu' or 'cuda[:N]', got {config.device!r}")
     dtype = resolve_dtype(config.dtype, device)
     model_dir = resolve_model_dir(config.model)
     if model_dir is None:
@@ -111,4 +119,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
             tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
+    if device.type == "cuda":
+        from inference.models.triton_layers import use_triton_kernels   # imports Triton
+        use_triton_kernels(model)
     return LoadedModel(model, arch, tokenizer, max_model_len, dtype, config.model)

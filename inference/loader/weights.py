@@ -47,7 +47,9 @@ def build_model(arch: ModelArch, max_positions: int, dtype: torch.dtype, device:
 
 def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
     """Deterministic N(0, 0.02) weights (norms = 1, biases small), like HF's init."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    device = next(model.parameters()).device
+    # Draw on the weights' device: a 7B model's 6.7e9 normals take minutes on a host CPU.
+    gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         if name.endswith("layernorm.weight") or name == "norm.weight":
             param.data.fill_(1.0)
@@ -58,7 +60,7 @@ def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
         step = max(1, (1 << 24) // max(1, flat.shape[1]))
         for start in range(0, flat.shape[0], step):
             rows = flat[start:start + step]
-            rows.copy_(torch.randn(rows.shape, generator=gen) * std)
+            rows.copy_(torch.randn(rows.shape, generator=gen, device=device) * std)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

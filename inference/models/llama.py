@@ -74,18 +74,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+    def prepare(self, positions: torch.Tensor, dtype: torch.dtype) -> "TorchRope":
         """Once per step: [T, 1, D] tables shared by every layer; sin carries rotate-half's sign."""
         cos, sin = self.cos[positions], self.sin[positions]               # [T, D/2]
-        return (torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype),
-                torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype))
+        return TorchRope(torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype),
+                         torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype))
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D]. x*cos + rotate_half(x)*sin, with rotate_half's negation folded into sin."""
+
+class TorchRope:
+    """One step's RoPE: apply(x) rotates x [T, H, D] (returns a new tensor)."""
+
+    def __init__(self, cos: torch.Tensor, signed_sin: torch.Tensor):
+        self.cos, self.signed_sin = cos, signed_sin
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x*cos + rotate_half(x)*sin, with rotate_half's negation folded into sin."""
         t, h, d = x.shape
         swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)           # [x2, x1]
-        return torch.addcmul(x * cos, swapped, signed_sin)
+        return torch.addcmul(x * self.cos, swapped, self.signed_sin)
 
 
 class LlamaAttention(nn.Module):
@@ -97,19 +103,37 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
         self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=arch.o_proj_bias)
-        self.scale = self.head_dim ** -0.5
+        self.attn = PagedAttention(self.head_dim ** -0.5)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+    def forward(self, x, rope, k_cache, v_cache, meta):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)                                    # [T, (H + 2Hkv) * D]
         # q and k are adjacent: rotate both with one op pair.
         qk = qkv[:, :self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = RotaryEmbedding.apply(qk, cos, sin)                          # [T, H + Hkv, D]
+        qk = rope.apply(qk)                                               # [T, H + Hkv, D]
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)      # [T, H, D]
+        out = self.attn.forward(q, k, v, k_cache, v_cache, meta)         # [T, H, D]
         return self.o_proj.forward(out.reshape(num_tokens, self.q_size))
+
+
+class PagedAttention(nn.Module):
+    """Writes the step's K/V into the paged cache, then attends (PyTorch reference path)."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return paged_attention(q, k_cache, v_cache, meta, self.scale)
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, 2I] -> silu(x[:, :I]) * x[:, I:]"""
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class LlamaMLP(nn.Module):
@@ -118,10 +142,10 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = arch.intermediate_size
         self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, x):
-        gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj.forward(F.silu(gate) * up)
+        return self.down_proj.forward(self.act.forward(self.gate_up_proj.forward(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -132,13 +156,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = LlamaMLP(arch)
 
-    def forward(self, x, residual, cos, sin, k_cache, v_cache, meta):
+    def forward(self, x, residual, rope, k_cache, v_cache, meta):
         # .forward directly: nn.Module.__call__'s hook handling costs ~0.5 ms per decode step here.
         if residual is None:
             residual, x = x, self.input_layernorm.forward(x)
         else:
             x, residual = self.input_layernorm.forward(x, residual)
-        x = self.self_attn.forward(x, cos, sin, k_cache, v_cache, meta)
+        x = self.self_attn.forward(x, rope, k_cache, v_cache, meta)
         x, residual = self.post_attention_layernorm.forward(x, residual)
         return self.mlp.forward(x), residual
 
@@ -157,13 +181,13 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)                                  # [T, hidden]
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        rope = self.rotary.prepare(positions, x.dtype)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x, residual = layer.forward(x, residual, cos, sin, k_cache, v_cache, meta)
+            x, residual = layer.forward(x, residual, rope, k_cache, v_cache, meta)
         x, _ = self.norm(x, residual)
         return x
 

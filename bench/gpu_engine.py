@@ -1,0 +1,459 @@
+"""GPU benchmark (run on the device): our engine vs HF transformers `generate()` and the roofline.
+
+Everything is measured in one run on one GPU, random-weight models in bf16:
+  ceilings   copy bandwidth (device-to-device copy, bytes read + written) and bf16 matmul TFLOP/s
+  kernels    decode attention achieved bandwidth (bs 64, ctx 4096) vs the copy ceiling; causal
+             prefill attention TFLOP/s at 4k, d=128 (torch SDPA flash on contiguous tensors beside it)
+  decode     batch-1 decode tok/s vs the bandwidth roofline (weights + mean KV bytes per token),
+             and HF generate() at batch 1
+  throughput offline output tok/s: N requests of 128 in / 128 out, and a mixed set (in and out
+             uniform in 100..1024); HF generate() on static 128/128 batches (its best batch size)
+  serve      in-process OnlineEngine under Poisson arrivals (8 req/s, mixed lengths): P50/P99 TTFT
+             and inter-token latency
+
+    python3 bench/gpu_engine.py --out $OUT/gpu_engine.json [--models llama-2-7b,llama-3-8b]
+        [--sections ceilings,kernels,decode,throughput,serve] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from inference import SamplingParams  # noqa: E402
+from inference.llm import LLM  # noqa: E402
+from inference.loader.presets import preset_config  # noqa: E402
+
+TARGETS = {"decode_roofline_fraction": 0.90, "throughput_128_tok_s": 20000, "throughput_vs_hf": 10.0,
+           "serve_p99_ttft_ms": 150, "serve_p99_itl_ms": 30, "decode_attn_bw_fraction": 0.80,
+           "prefill_attn_tflops": 400}
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def timed(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median seconds of fn() over reps, CUDA events around each call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+# ---- ceilings ----------------------------------------------------------------------------------
+
+def ceilings() -> dict:
+    n = 1 << 31                                                   # 4 GiB of bf16 per buffer
+    x = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    t = timed(lambda: y.copy_(x))
+    copy_bw = 2 * n * 2 / t
+    x = y = None                          # free before the matmul buffers
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    t = timed(lambda: a @ b)
+    out = {"copy_bandwidth_GBps": copy_bw / 1e9, "bf16_matmul_TFLOPs": 2 * 8192 ** 3 / t / 1e12}
+    a = b = None
+    torch.cuda.empty_cache()
+    return out
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+def paged_cache(num_seqs: int, ctx: int, hkv: int, d: int, block_size: int, gen):
+    nb = num_seqs * (-(-ctx // block_size))
+    k = torch.randn(nb + 1, block_size, hkv, d, device="cuda", generator=gen, dtype=torch.bfloat16)
+    v = torch.randn(nb + 1, block_size, hkv, d, device="cuda", generator=gen, dtype=torch.bfloat16)
+    tables = torch.randperm(nb, device="cuda", generator=gen).to(torch.int32).view(num_seqs, -1)
+    return k, v, tables
+
+
+def kernel_bench(copy_bw: float) -> dict:
+    from kernels.decode_attention import (
+        choose_num_splits,
+        decode_attention,
+        decode_attention_reference,
+    )
+    from kernels.prefill_attention import prefill_attention, prefill_attention_reference
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = {"decode": [], "prefill": []}
+    B, CTX, D, BS = 64, 4096, 128, 16
+    for h, hkv in ((32, 32), (32, 8)):
+        k, v, tables = paged_cache(B, CTX, hkv, D, BS, gen)
+        q = torch.randn(B, h, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+        lens = torch.full((B,), CTX, dtype=torch.int32, device="cuda")
+        nbytes = 2 * B * CTX * hkv * D * 2 + 2 * q.numel() * 2
+        ref = decode_attention_reference(q[:4], k, v, tables[:4], lens[:4], D ** -0.5)
+        best = None
+        for splits in sorted({1, choose_num_splits(B, hkv, CTX, sms)}):
+            for block_n in (32, 64, 128):
+                for warps in (4, 8):
+                    for stages in (1, 2, 3):
+                        out = torch.full_like(q, float("nan"))
+                        try:
+                            def fn():
+                                decode_attention(q, k, v, tables, lens, D ** -0.5, num_splits=splits, out=out,
+                                                 block_n=block_n, num_warps=warps, num_stages=stages)
+                            fn()
+                        except Exception as e:                   # e.g. out of shared memory
+                            log(f"  decode cfg {splits}/{block_n}/{warps}/{stages} failed: {type(e).__name__}")
+                            continue
+                        err = float((out[:4].float() - ref.float()).norm() / ref.float().norm())
+                        t = timed(fn, reps=20)
+                        row = {"splits": splits, "block_n": block_n, "warps": warps, "stages": stages,
+                               "us": t * 1e6, "GBps": nbytes / t / 1e9, "rel_err": err}
+                        if err < 2e-2 and (best is None or t * 1e6 < best["us"]):
+                            best = row
+        best.update(heads=h, kv_heads=hkv, batch=B, ctx=CTX, fraction_of_copy=best["GBps"] * 1e9 / copy_bw)
+        log(f"decode attn H={h} Hkv={hkv}: best {best}")
+        result["decode"].append(best)
+        k = v = None
+        torch.cuda.empty_cache()
+    T = 4096
+    for h, hkv in ((32, 32), (32, 8)):
+        k, v, tables = paged_cache(1, T, hkv, D, BS, gen)
+        q = torch.randn(T, h, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+        qs = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+        lens = torch.tensor([T], dtype=torch.int32, device="cuda")
+        flops = 4 * h * D * T * (T + 1) / 2
+        ref = prefill_attention_reference(q, k, v, tables, qs, lens, D ** -0.5)
+        best = None
+        for bm, bn in ((128, 64), (128, 128), (64, 64), (128, 32)):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    out = torch.full_like(q, float("nan"))
+
+                    def fn():
+                        prefill_attention(q, k, v, tables, qs, lens, T, D ** -0.5, out=out, block_m=bm,
+                                          block_n=bn, num_warps=warps, num_stages=stages)
+                    try:
+                        fn()
+                    except Exception as e:
+                        log(f"  prefill cfg {bm}/{bn}/{warps}/{stages} failed: {type(e).__name__}")
+                        continue
+                    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+                    t = timed(fn, reps=10)
+                    row = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "ms": t * 1e3,
+                           "TFLOPs": flops / t / 1e12, "rel_err": err}
+                    if err < 2e-2 and (best is None or t * 1e3 < best["ms"]):
+                        best = row
+        # peer: torch SDPA (flash) on contiguous [1, H, T, D] tensors, GQA expanded
+        kc = k[tables[0].long()].reshape(-1, hkv, D)[:T].repeat_interleave(h // hkv, 1).transpose(0, 1)[None]
+        vc = v[tables[0].long()].reshape(-1, hkv, D)[:T].repeat_interleave(h // hkv, 1).transpose(0, 1)[None]
+        qc = q.transpose(0, 1)[None].contiguous()
+        kc, vc = kc.contiguous(), vc.contiguous()
+        t_sdpa = timed(lambda: torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=True), reps=10)
+        best.update(heads=h, kv_heads=hkv, tokens=T, torch_sdpa_TFLOPs=flops / t_sdpa / 1e12)
+        log(f"prefill attn H={h} Hkv={hkv}: best {best}")
+        result["prefill"].append(best)
+        k = v = kc = vc = None
+        torch.cuda.empty_cache()
+    return result
+
+
+# ---- HF peer -----------------------------------------------------------------------------------
+
+def hf_model(preset: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = dict(preset_config(preset))
+    model_type = cfg.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def hf_generate_time(model, batch: int, prompt_len: int, new_tokens: int, vocab: int) -> float:
+    ids = torch.randint(3, vocab, (batch, prompt_len), device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def hf_bench(preset: str, sections: set[str], batches: list[int]) -> dict:
+    model = hf_model(preset)
+    vocab = model.config.vocab_size
+    out = {}
+    hf_generate_time(model, 1, 16, 8, vocab)                      # warm-up
+    if "decode" in sections:
+        t1 = statistics.median(hf_generate_time(model, 1, 128, 1, vocab) for _ in range(3))
+        t65 = statistics.median(hf_generate_time(model, 1, 128, 65, vocab) for _ in range(2))
+        out["bs1_decode_tok_s"] = 64 / (t65 - t1)
+        log(f"HF bs1 decode: {out['bs1_decode_tok_s']:.1f} tok/s")
+    if "throughput" in sections:
+        out["static_128_128"] = {}
+        for b in batches:
+            try:
+                t = hf_generate_time(model, b, 128, 128, vocab)
+            except torch.OutOfMemoryError:
+                log(f"HF batch {b}: out of memory")
+                torch.cuda.empty_cache()
+                continue
+            out["static_128_128"][b] = b * 128 / t
+            log(f"HF batch {b} 128/128: {b * 128 / t:.0f} output tok/s")
+        out["best_tok_s"] = max(out["static_128_128"].values())
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+# ---- our engine --------------------------------------------------------------------------------
+
+def random_prompts(n: int, lens: list[int], vocab: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(n_in)]} for n_in in lens[:n]]
+
+
+def weight_bytes_per_token(llm: LLM) -> int:
+    """Bytes a decode step must read per token at batch 1: every weight except the embedding
+    table (one row of it is read), which a tied lm_head does read in full."""
+    model = llm.engine.runner.model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.embed_tokens.weight
+    if model.lm_head is not None:
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def decode_bench(llm: LLM, copy_bw: float, vocab: int, n_tokens: int) -> dict:
+    arch = llm.engine.arch
+    prompt = random_prompts(1, [128], vocab, seed=1)
+    llm.generate(random_prompts(1, [128], vocab, seed=2), SamplingParams(max_tokens=16, temperature=0,
+                                                                         ignore_eos=True), use_tqdm=False)
+    rates = []
+    for rep in range(3):
+        p = random_prompts(1, [128], vocab, seed=10 + rep)
+        o = llm.generate(p, SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+        m = o.metrics
+        rates.append((len(o.outputs[0].token_ids) - 1) / (m.last_token_time - m.first_token_time))
+    del prompt
+    rate = statistics.median(rates)
+    kv_per_token = arch.kv_bytes_per_token(2)
+    mean_ctx = 128 + n_tokens / 2
+    bytes_per_step = weight_bytes_per_token(llm) + kv_per_token * mean_ctx
+    roofline = copy_bw / bytes_per_step
+    out = {"tok_s": rate, "all_reps": rates, "bytes_per_step": bytes_per_step, "roofline_tok_s": roofline,
+           "fraction_of_roofline": rate / roofline, "achieved_GBps": rate * bytes_per_step / 1e9}
+    log(f"ours bs1 decode: {rate:.1f} tok/s = {rate / roofline:.1%} of roofline {roofline:.0f} tok/s")
+    return out
+
+
+def throughput_bench(llm: LLM, vocab: int, n128: int, n_mixed: int) -> dict:
+    out = {}
+    llm.generate(random_prompts(64, [128] * 64, vocab, seed=3),
+                 SamplingParams(max_tokens=32, temperature=0, ignore_eos=True), use_tqdm=False)
+    for name, n, seed in (("128_128", n128, 100), ("mixed_100_1024", n_mixed, 200)):
+        if n == 0:
+            continue
+        rng = random.Random(seed)
+        if name == "128_128":
+            in_lens, out_lens = [128] * n, [128] * n
+        else:
+            in_lens = [rng.randint(100, 1024) for _ in range(n)]
+            out_lens = [rng.randint(100, 1024) for _ in range(n)]
+        prompts = random_prompts(n, in_lens, vocab, seed)
+        params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in out_lens]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        assert n_out == sum(out_lens), (n_out, sum(out_lens))
+        out[name] = {"requests": n, "output_tokens": n_out, "input_tokens": sum(in_lens), "wall_s": wall,
+                     "output_tok_s": n_out / wall, "total_tok_s": (n_out + sum(in_lens)) / wall}
+        log(f"ours {name}: {n} requests, {n_out / wall:.0f} output tok/s ({wall:.1f} s)")
+    return out
+
+
+def serve_bench(model: str, engine_kw: dict, vocab: int, rate: float, n: int) -> dict:
+    from inference.online_engine import OnlineEngine
+    eng = OnlineEngine(model, **engine_kw)
+    rng = random.Random(7)
+    work = [([rng.randrange(3, vocab) for _ in range(rng.randint(100, 1024))], rng.randint(100, 1024))
+            for _ in range(n)]
+    arrivals, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    results: list[dict | None] = [None] * n
+
+    def one(i: int) -> None:
+        ids, m = work[i]
+        t0 = time.perf_counter()
+        stream = eng.add_request({"prompt_token_ids": ids}, SamplingParams(max_tokens=m, temperature=0,
+                                                                           ignore_eos=True))
+        events = []
+        for d in stream:
+            if d.error:
+                raise RuntimeError(d.error)
+            if d.token_ids:
+                events.append(time.perf_counter())
+        results[i] = {"ttft": events[0] - t0, "itl": [b - a for a, b in zip(events, events[1:])]}
+
+    warm = eng.add_request({"prompt_token_ids": work[0][0]}, SamplingParams(max_tokens=8, ignore_eos=True))
+    list(warm)
+    threads = []
+    start = time.perf_counter()
+    for i, at in enumerate(arrivals):
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        th = threading.Thread(target=one, args=(i,), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - start
+    eng.shutdown()
+    ttft = sorted(r["ttft"] for r in results)
+    itl = sorted(x for r in results for x in r["itl"])
+
+    def pct(xs, p):
+        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
+
+    out = {"rate": rate, "requests": n, "wall_s": wall, "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+           "itl_ms": {"p50": pct(itl, 50), "p99": pct(itl, 99)}, "engine": engine_kw}
+    log(f"serve {rate} req/s x {n}: TTFT p50 {out['ttft_ms']['p50']:.1f} p99 {out['ttft_ms']['p99']:.1f} ms; "
+        f"ITL p50 {out['itl_ms']['p50']:.1f} p99 {out['itl_ms']['p99']:.1f} ms")
+    return out
+
+
+def engine_kwargs(args, **over) -> dict:
+    kw = dict(device="cuda", dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.9,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              enforce_eager=args.eager)
+    kw.update(over)
+    return kw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="llama-2-7b,llama-3-8b")
+    ap.add_argument("--sections", default="ceilings,kernels,decode,throughput,serve")
+    ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_engine.json"))
+    ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--num-mixed", type=int, default=400)
+    ap.add_argument("--decode-tokens", type=int, default=512)
+    ap.add_argument("--serve-requests", type=int, default=160)
+    ap.add_argument("--serve-rate", type=float, default=8.0)
+    ap.add_argument("--serve-batched-tokens", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--hf-batches", default="64,256")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs (to measure what they buy)")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.num_requests, args.num_mixed, args.decode_tokens, args.serve_requests = 200, 50, 128, 40
+    sections = set(args.sections.split(","))
+    import transformers
+    import triton
+    res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+                 "transformers": transformers.__version__, "commit": git_commit(),
+                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "args": vars(args), "targets": TARGETS, "models": {}}
+    log(f"{res['gpu']} torch {res['torch']} triton {res['triton']} commit {res['commit']}")
+    copy_bw = 4.28e12
+    if "ceilings" in sections:
+        res["ceilings"] = ceilings()
+        copy_bw = res["ceilings"]["copy_bandwidth_GBps"] * 1e9
+        log(f"ceilings: {res['ceilings']}")
+    if "kernels" in sections:
+        res["kernels"] = kernel_bench(copy_bw)
+    for preset in args.models.split(","):
+        model = f"random:{preset}"
+        vocab = preset_config(preset)["vocab_size"]
+        r: dict = {}
+        res["models"][preset] = r
+        if sections & {"decode", "throughput"}:
+            r["hf"] = hf_bench(preset, sections, [int(b) for b in args.hf_batches.split(",")])
+        if sections & {"decode", "throughput"}:
+            t0 = time.perf_counter()
+            llm = LLM(model, **engine_kwargs(args))
+            r["startup_s"] = time.perf_counter() - t0
+            r["num_kv_blocks"] = llm.engine.runner.num_blocks
+            log(f"ours {preset}: started in {r['startup_s']:.1f} s, {r['num_kv_blocks']} KV blocks")
+            if "decode" in sections:
+                r["decode"] = decode_bench(llm, copy_bw, vocab, args.decode_tokens)
+                r["decode"]["hf_tok_s"] = r["hf"].get("bs1_decode_tok_s")
+            if "throughput" in sections:
+                r["throughput"] = throughput_bench(llm, vocab, args.num_requests, args.num_mixed)
+                r["throughput"]["vs_hf_best"] = r["throughput"]["128_128"]["output_tok_s"] / r["hf"]["best_tok_s"]
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+        if "serve" in sections:
+            r["serve"] = serve_bench(model, engine_kwargs(args, max_num_batched_tokens=args.serve_batched_tokens),
+                                     vocab, args.serve_rate, args.serve_requests)
+            gc.collect()
+            torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print_table(res)
+
+
+def print_table(res: dict) -> None:
+    log("\n=== summary ===")
+    if "ceilings" in res:
+        c = res["ceilings"]
+        log(f"copy {c['copy_bandwidth_GBps']:.0f} GB/s, bf16 matmul {c['bf16_matmul_TFLOPs']:.0f} TFLOP/s")
+    for d in res.get("kernels", {}).get("decode", []):
+        log(f"decode attn H{d['heads']}/KV{d['kv_heads']} bs{d['batch']} ctx{d['ctx']}: {d['GBps']:.0f} GB/s "
+            f"= {d['fraction_of_copy']:.1%} of copy (target 80%)")
+    for p in res.get("kernels", {}).get("prefill", []):
+        log(f"prefill attn H{p['heads']}/KV{p['kv_heads']} {p['tokens']} causal: {p['TFLOPs']:.0f} TFLOP/s "
+            f"(torch SDPA {p['torch_sdpa_TFLOPs']:.0f}; target 400)")
+    for name, r in res["models"].items():
+        if "decode" in r:
+            d = r["decode"]
+            log(f"{name} bs1 decode: {d['tok_s']:.1f} tok/s = {d['fraction_of_roofline']:.1%} of "
+                f"{d['roofline_tok_s']:.0f} (HF {d['hf_tok_s']:.1f})")
+        for k, t in r.get("throughput", {}).items():
+            if isinstance(t, dict):
+                log(f"{name} throughput {k}: {t['output_tok_s']:.0f} output tok/s")
+        if "throughput" in r:
+            log(f"{name} 128/128 vs HF best ({r['hf']['best_tok_s']:.0f}): {r['throughput']['vs_hf_best']:.1f}x")
+        if "serve" in r:
+            s = r["serve"]
+            log(f"{name} serve {s['rate']} req/s: TTFT p99 {s['ttft_ms']['p99']:.1f} ms, "
+                f"ITL p99 {s['itl_ms']['p99']:.1f} ms")
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return os.environ.get("GIT_COMMIT", "unknown")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""ModelRunner on CUDA (tests also run it on the CPU under the Triton interpreter): Triton kernels,
+KV cache sized from free memory, persistent input buffers and CUDA graphs for decode batches.
+
+A step's inputs are written into pinned host buffers, copied to persistent device buffers, and
+the model runs either eagerly (prefill chunks, mixed batches) or, for a pure decode batch, as the
+replay of a graph captured for the next bucketed batch size. Padding rows of a bucket write no
+KV (slot -1), attend to one token, and their logits are dropped.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from inference.config import CacheConfig, SchedulerConfig
+from inference.loader.model_loader import LoadedModel
+from inference.model_runner import ModelRunner, kv_bytes_per_block, num_kv_blocks
+from inference.models.triton_layers import KernelAttentionMetadata
+from inference.sampler import SamplingRow, sample
+from inference.sampling_params import SamplingParams
+from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from kernels.decode_attention import choose_num_splits
+
+log = logging.getLogger(__name__)
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def size_kv_cache(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig) -> int:
+    """KV blocks for the GPU: explicit kv_cache_memory_bytes, else what gpu_memory_utilization
+    leaves after the weights and the activation peak of the largest step (measured by running it)."""
+    if cache.kv_cache_memory_bytes is not None:
+        return num_kv_blocks(loaded, cache, cache.kv_cache_memory_bytes, "kv_cache_memory_bytes")
+    device = next(loaded.model.parameters()).device
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    _profile_run(loaded, cache, sched, device)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = total - free - torch.cuda.memory_reserved(device)       # CUDA context, other processes
+    # decode graphs keep their own activations and logits (largest bucket) outside the profiled pool
+    graph_reserve = 2 * min(sched.max_num_seqs, 512) * loaded.arch.vocab_size * 4 + (256 << 20)
+    budget = int(total * cache.gpu_memory_utilization) - peak - non_torch - graph_reserve
+    log.info("GPU memory: total %.1f GiB, weights+activation peak %.2f GiB, other %.2f GiB -> KV %.2f GiB",
+             total / 2**30, peak / 2**30, non_torch / 2**30, budget / 2**30)
+    if budget < kv_bytes_per_block(loaded, cache):
+        raise ValueError(
+            f"gpu_memory_utilization: {cache.gpu_memory_utilization} of {total / 2**30:.1f} GiB leaves no room "
+            f"for a KV cache after {peak / 2**30:.2f} GiB of weights and activations and "
+            f"{non_torch / 2**30:.2f} GiB used outside PyTorch; raise it or lower max_num_batched_tokens")
+    torch.cuda.empty_cache()
+    return num_kv_blocks(loaded, cache, budget, "gpu_memory_utilization")
+
+
+@torch.inference_mode()
+def _profile_run(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig, device) -> None:
+    """The largest step the scheduler can build: max_num_batched_tokens prefill tokens, then
+    logits and top-p sampling for max_num_seqs rows."""
+    arch, bs = loaded.arch, cache.block_size
+    num_tokens = sched.max_num_batched_tokens
+    num_blocks = -(-num_tokens // bs)
+    shape = (num_blocks, bs, arch.num_key_value_heads, arch.head_dim)
+    kv = [(torch.zeros(shape, dtype=loaded.dtype, device=device),
+           torch.zeros(shape, dtype=loaded.dtype, device=device)) for _ in range(arch.num_hidden_layers)]
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = KernelAttentionMetadata(
+        slot_mapping=torch.arange(num_tokens, device=device),
+        prefill_block_tables=torch.arange(num_blocks, **i32)[None],
+        prefill_query_start=torch.tensor([0, num_tokens], **i32),
+        prefill_context_lens=torch.tensor([num_tokens], **i32), max_query_len=num_tokens)
+    positions = torch.arange(num_tokens, device=device).clamp_(max=loaded.max_model_len - 1)
+    hidden = loaded.model(torch.zeros(num_tokens, dtype=torch.long, device=device), positions, kv, meta)
+    rows = min(sched.max_num_seqs, num_tokens)
+    logits = loaded.model.compute_logits(hidden[:1].expand(rows, -1).contiguous())
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, logprobs=5)
+    sample(logits, [SamplingRow(params, [0], [0], None, []) for _ in range(rows)])
+    del kv
+
+
+class CudaModelRunner(ModelRunner):
+    def __init__(self, loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig, num_blocks: int,
+                 seed: int = 0, enforce_eager: bool = False):
+        super().__init__(loaded, cache, num_blocks, seed)
+        dev = self.device
+        self.max_model_len = loaded.max_model_len
+        self.max_blocks = -(-loaded.max_model_len // self.block_size)      # block-table width
+        on_cuda = dev.type == "cuda"    # the CPU only runs this under the Triton interpreter (tests)
+        self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if on_cuda else 4
+        max_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs)
+        max_seqs = sched.max_num_seqs
+        # pinned host staging -> persistent device buffers (graphs read the device ones in place)
+        self.h_ids = torch.zeros(max_tokens, dtype=torch.long, pin_memory=on_cuda)
+        self.h_pos = torch.zeros(max_tokens, dtype=torch.long, pin_memory=on_cuda)
+        self.h_slots = torch.zeros(max_tokens, dtype=torch.long, pin_memory=on_cuda)
+        self.h_ctx = torch.zeros(max_seqs, dtype=torch.int32, pin_memory=on_cuda)
+        self.h_tables = torch.zeros(max_seqs, self.max_blocks, dtype=torch.int32, pin_memory=on_cuda)
+        self.d_ids = torch.zeros(max_tokens, dtype=torch.long, device=dev)
+        self.d_pos = torch.zeros(max_tokens, dtype=torch.long, device=dev)
+        self.d_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=dev)
+        self.d_ctx = torch.ones(max_seqs, dtype=torch.int32, device=dev)
+        self.d_tables = torch.zeros(max_seqs, self.max_blocks, dtype=torch.int32, device=dev)
+        self.copied = torch.cuda.Event() if on_cuda else None   # staging may be rewritten once fired
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # batch -> (graph, logits)
+        if on_cuda and not enforce_eager:
+            self.capture_graphs(min(max_seqs, sched.max_num_batched_tokens))
+
+    # ---- CUDA graphs -------------------------------------------------------------------------
+    def _decode_meta(self, batch: int, num_splits: int) -> KernelAttentionMetadata:
+        return KernelAttentionMetadata(self.d_slots[:batch], batch, self.d_tables[:batch], self.d_ctx[:batch],
+                                       num_splits)
+
+    def _graph_splits(self, batch: int) -> int:
+        return choose_num_splits(batch, self.arch.num_key_value_heads, self.max_model_len, self.num_sms)
+
+    def _decode_forward(self, batch: int, meta: KernelAttentionMetadata) -> torch.Tensor:
+        hidden = self.model(self.d_ids[:batch], self.d_pos[:batch], self.kv_caches, meta)
+        return self.model.compute_logits(hidden)                            # [batch, vocab]
+
+    @torch.inference_mode()
+    def capture_graphs(self, max_batch: int) -> None:
+        start = time.perf_counter()
+        sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_batch]
+        pool = None
+        for batch in reversed(sizes):              # largest first: smaller ones reuse its memory
+            meta = self._decode_meta(batch, self._graph_splits(batch))
+            self._decode_forward(batch, meta)      # compiles the kernels outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._decode_forward(batch, meta)
+            pool = graph.pool()
+            self.graphs[batch] = (graph, logits)
+        torch.cuda.synchronize(self.device)
+        log.info("captured %d decode graphs (batch %s) in %.1f s", len(sizes), sizes, time.perf_counter() - start)
+
+    # ---- one step ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
+        num_decodes = sum(1 for it in items if it.num_scheduled_tokens == 1)
+        num_tokens = sum(it.num_scheduled_tokens for it in items)
+        graph_batch = None
+        if num_decodes == num_tokens and self.graphs:
+            graph_batch = min((b for b in self.graphs if b >= num_tokens), default=None)
+        rows = graph_batch or num_tokens
+        if self.copied is not None:
+            self.copied.synchronize()              # last step's copies have read the staging buffers
+        sample_rows = self._stage_inputs(items, num_decodes, rows)
+        dev = self.device
+        if graph_batch is not None:
+            for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
+                d[:rows].copy_(h[:rows], non_blocking=True)
+            self.d_ctx[:rows].copy_(self.h_ctx[:rows], non_blocking=True)
+            self.d_tables[:rows].copy_(self.h_tables[:rows], non_blocking=True)
+            self.copied.record()                   # graphs only exist on CUDA
+            graph, logits = self.graphs[graph_batch]
+            graph.replay()
+            logits = logits[:num_tokens]
+            if len(sample_rows) != num_tokens:
+                logits = logits[torch.tensor(sample_rows, device=dev)]
+        else:
+            ids = self.h_ids[:rows].to(dev, non_blocking=True)
+            pos = self.h_pos[:rows].to(dev, non_blocking=True)
+            meta = KernelAttentionMetadata(self.h_slots[:rows].to(dev, non_blocking=True))
+            if num_decodes:
+                meta.num_decodes = num_decodes
+                max_ctx = int(self.h_ctx[:num_decodes].max())
+                width = -(-max_ctx // self.block_size)
+                meta.decode_context_lens = self.h_ctx[:num_decodes].to(dev, non_blocking=True)
+                meta.decode_block_tables = self.h_tables[:num_decodes, :width].to(dev, non_blocking=True)
+                meta.num_splits = choose_num_splits(num_decodes, self.arch.num_key_value_heads, max_ctx,
+                                                    self.num_sms)
+            if self.copied is not None:
+                self.copied.record()
+            if num_decodes < len(items):
+                self._prefill_meta(items[num_decodes:], meta)
+            hidden = self.model(ids, pos, self.kv_caches, meta)
+            if not sample_rows:
+                return ModelRunnerOutput()
+            if len(sample_rows) != rows:
+                hidden = hidden[torch.tensor(sample_rows, device=dev)]
+            logits = self.model.compute_logits(hidden)
+        return self._sample(items, logits)
+
+    def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int, rows: int) -> list[int]:
+        """Token ids, positions, slots (and decode block tables / context lengths) into the pinned
+        staging buffers; returns the flat-batch rows that sample."""
+        ids, pos, slots = self.h_ids.numpy(), self.h_pos.numpy(), self.h_slots.numpy()
+        ctx, tables = self.h_ctx.numpy(), self.h_tables.numpy()
+        bs = self.block_size
+        sample_rows, t = [], 0
+        for i, it in enumerate(items):
+            start, n, table = it.num_computed_tokens, it.num_scheduled_tokens, it.block_ids
+            if n == 1:
+                ids[t] = it.request.all_token_ids[start]
+                pos[t] = start
+                slots[t] = table[start // bs] * bs + start % bs
+                ctx[i] = start + 1
+                tables[i, :len(table)] = table
+            else:
+                p = np.arange(start, start + n)
+                ids[t:t + n] = it.request.all_token_ids[start:start + n]
+                pos[t:t + n] = p
+                slots[t:t + n] = np.asarray(table, dtype=np.int64)[p // bs] * bs + p % bs
+            t += n
+            if it.needs_sample:
+                sample_rows.append(t - 1)
+        if rows > t:                               # graph padding rows
+            ids[t:rows], pos[t:rows], slots[t:rows], ctx[num_decodes:rows] = 0, 0, -1, 1
+        return sample_rows
+
+    def _prefill_meta(self, chunks: list[ScheduledRequest], meta: KernelAttentionMetadata) -> None:
+        bs, dev = self.block_size, self.device
+        starts, ctx_lens = [0], []
+        for it in chunks:
+            starts.append(starts[-1] + it.num_scheduled_tokens)
+            ctx_lens.append(it.num_computed_tokens + it.num_scheduled_tokens)
+        width = -(-max(ctx_lens) // bs)
+        tables = np.zeros((len(chunks), width), dtype=np.int32)
+        for i, (it, c) in enumerate(zip(chunks, ctx_lens)):
+            nb = -(-c // bs)
+            tables[i, :nb] = it.block_ids[:nb]
+        meta.prefill_block_tables = torch.from_numpy(tables).to(dev)
+        meta.prefill_query_start = torch.tensor(starts, dtype=torch.int32, device=dev)
+        meta.prefill_context_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=dev)
+        meta.max_query_len = max(it.num_scheduled_tokens for it in chunks)

@@ -1,0 +1,93 @@
+"""CUDA transform: the model's PyTorch layers swapped for Triton-kernel ones with the same math.
+
+`use_triton_kernels(model)` is applied by the loader on CUDA (as `pack_linear_weights` is on the
+CPU); the model code itself has no device branches. The swapped layers:
+
+    RMSNorm           -> fused residual-add + RMSNorm (one pass, residual updated in place)
+    SiluAndMul        -> one kernel instead of silu, mul and a temporary
+    RotaryEmbedding   -> in-place RoPE on the q/k part of the fused qkv output, from positions
+    PagedAttention    -> slot-mapped KV write + paged decode (split-K) and varlen prefill kernels
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inference.models.llama import LlamaForCausalLM, PagedAttention, RMSNorm, RotaryEmbedding, SiluAndMul
+from kernels.activation import silu_and_mul
+from kernels.decode_attention import decode_attention
+from kernels.kv_cache import write_kv_cache
+from kernels.prefill_attention import prefill_attention
+from kernels.rms_norm import rms_norm
+from kernels.rotary import rotary_embedding
+
+
+@dataclass
+class KernelAttentionMetadata:
+    """One step's flat batch for the kernels: decodes first, then prefill chunks."""
+    slot_mapping: torch.Tensor                  # [T] int64; -1 = padding row, nothing written
+    num_decodes: int = 0
+    decode_block_tables: torch.Tensor | None = None   # [num_decodes, width] int32 (row stride may be wider)
+    decode_context_lens: torch.Tensor | None = None   # [num_decodes] int32, tokens incl. the new one
+    num_splits: int = 1                         # split-K factor of the decode kernel
+    prefill_block_tables: torch.Tensor | None = None  # [P, width] int32
+    prefill_query_start: torch.Tensor | None = None   # [P + 1] int32, offsets after the decodes
+    prefill_context_lens: torch.Tensor | None = None  # [P] int32, cached + new tokens
+    max_query_len: int = 0
+
+
+class TritonRMSNorm(RMSNorm):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class TritonSiluAndMul(SiluAndMul):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(x)
+
+
+class TritonRope:
+    """One step's RoPE: apply(x) rotates x [T, H, D] in place (x may view the fused qkv output)."""
+
+    def __init__(self, positions: torch.Tensor, cos_sin: torch.Tensor):
+        self.positions, self.cos_sin = positions, cos_sin
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return rotary_embedding(self.positions, x, self.cos_sin)
+
+
+class TritonRotaryEmbedding(RotaryEmbedding):
+    cos_sin: torch.Tensor                       # [max_positions, D] fp32: cos half | sin half
+
+    def prepare(self, positions: torch.Tensor, dtype: torch.dtype) -> TritonRope:
+        return TritonRope(positions, self.cos_sin)
+
+
+class TritonPagedAttention(PagedAttention):
+    def forward(self, q, k, v, k_cache, v_cache, meta: KernelAttentionMetadata) -> torch.Tensor:
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)          # [T, H, D]
+        nd = meta.num_decodes
+        if nd:
+            decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                             self.scale, num_splits=meta.num_splits, out=out[:nd])
+        if meta.max_query_len:
+            prefill_attention(q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start,
+                              meta.prefill_context_lens, meta.max_query_len, self.scale, out=out[nd:])
+        return out
+
+
+_SWAPS = {RMSNorm: TritonRMSNorm, SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
+          RotaryEmbedding: TritonRotaryEmbedding}
+
+
+def use_triton_kernels(model: LlamaForCausalLM) -> None:
+    """Swap layers in place. The Triton classes only override forward/prepare and keep the same
+    parameters, so re-classing each instance keeps every weight where the loader put it."""
+    for module in model.modules():
+        swap = _SWAPS.get(type(module))
+        if swap is not None:
+            module.__class__ = swap
+    rotary = model.rotary
+    rotary.cos_sin = torch.cat((rotary.cos, rotary.sin), dim=-1).contiguous()   # [P, D]

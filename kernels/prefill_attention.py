@@ -1,0 +1,176 @@
+"""Varlen causal prefill attention over the paged KV cache, in Triton (flash-attention style).
+
+Several prefill chunks share one launch. Chunk i has query_len new tokens whose K/V are already
+written to the cache, after context_len - query_len tokens cached earlier (a prefix-cache hit or
+the chunks before it in chunked prefill). Query j of the chunk sits at absolute position
+context_len - query_len + j and sees keys 0..that position (bottom-right causal):
+
+    q              [T, H, D]   the chunks' tokens back to back (may be a strided view)
+    query_start    [P + 1] int32  chunk i's queries are q[query_start[i]:query_start[i+1]]
+    context_lens   [P] int32      cached + new tokens of chunk i
+    block_tables   [P, max_blocks] int32
+    k/v cache      [num_blocks, block_size, Hkv, D]
+
+Grid (P, cdiv(max_query_len, BLOCK_M), H); tiles past a chunk's end return at once. Keys before
+the tile's first query position are visible to every row, so that loop runs without masks; only
+the last BLOCK_M keys (the diagonal) are masked.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_utils import LOG2E, dot, dot_fp32
+
+
+@triton.jit
+def _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, n_start, n_end,
+                 scale_log2e, stride_cb, stride_cs, stride_ch,
+                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MASKED: tl.constexpr, DOT_FP32: tl.constexpr):
+    d = tl.arange(0, HEAD_DIM)
+    for n0 in range(n_start, n_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)                                     # key positions
+        if MASKED:
+            n_mask = n < n_end
+            blk = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        else:
+            blk = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+        off = blk * stride_cb + (n % BLOCK_SIZE) * stride_cs + kvh * stride_ch
+        if MASKED:
+            k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            k = tl.load(K_CACHE + off[:, None] + d[None, :])
+        s = dot(q, tl.trans(k), DOT_FP32) * scale_log2e                           # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            visible = (n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(V_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
+        else:
+            v = tl.load(V_CACHE + off[:, None] + d[None, :])
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_FP32)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K_CACHE, V_CACHE, BLOCK_TABLES, QUERY_START, CONTEXT_LENS, OUT,
+    scale_log2e,
+    stride_qt, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_bt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(QUERY_START + seq)
+    q_len = tl.load(QUERY_START + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    ctx = tl.load(CONTEXT_LENS + seq)
+    prefix = ctx - q_len
+    kvh = h // GROUP
+    i = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # query rows of the chunk
+    i_mask = i < q_len
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + (q_start + i)[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=i_mask[:, None], other=0.0)                           # [BLOCK_M, D]
+    q_pos = prefix + i
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table = BLOCK_TABLES + seq * stride_bt
+    # keys [0, full_end) are visible to every query of the tile: no masks there
+    full_end = ((prefix + tile * BLOCK_M) // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, 0, full_end,
+                                 scale_log2e, stride_cb, stride_cs, stride_ch,
+                                 HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_FP32)
+    tile_end = tl.minimum(prefix + (tile + 1) * BLOCK_M, ctx)
+    acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, full_end, tile_end,
+                                 scale_log2e, stride_cb, stride_cs, stride_ch,
+                                 HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_FP32)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(OUT + (q_start + i)[:, None] * stride_ot + h * stride_oh + d[None, :],
+             out.to(OUT.dtype.element_ty), mask=i_mask[:, None])
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
+                      max_query_len: int, scale: float, out: torch.Tensor | None = None,
+                      block_m: int = 128, block_n: int = 64, num_warps: int = 8,
+                      num_stages: int = 2) -> torch.Tensor:
+    """See the module docstring. Returns out [T, H, D] in q's dtype; max_query_len bounds the grid."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"prefill_attention: want q [T, H, D] and equal caches [NB, BS, Hkv, D]; got "
+                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"prefill_attention: head_dim {head_dim} vs cache {cache_dim}, "
+                         f"{num_heads} heads not a multiple of {num_kv_heads} KV heads")
+    if head_dim & (head_dim - 1) or head_dim < 16:
+        raise ValueError(f"prefill_attention: head_dim must be a power of two >= 16, got {head_dim}")
+    if q.stride(2) != 1 or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError("prefill_attention: q and the caches need a contiguous last dim and equal cache strides")
+    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"prefill_attention: dtypes differ: q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
+    num_seqs = context_lens.shape[0]
+    if (block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or query_start.shape != (num_seqs + 1,)
+            or block_tables.stride(1) != 1):
+        raise ValueError(f"prefill_attention: block_tables {tuple(block_tables.shape)}, query_start "
+                         f"{tuple(query_start.shape)}, context_lens {tuple(context_lens.shape)} disagree")
+    if any(t.dtype != torch.int32 for t in (block_tables, query_start, context_lens)):
+        raise ValueError("prefill_attention: block_tables, query_start and context_lens must be int32")
+    if max_query_len < 1:
+        raise ValueError(f"prefill_attention: max_query_len must be >= 1, got {max_query_len}")
+    if out is None:
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if head_dim > 128:                                   # keep the tile within shared memory
+        block_m, block_n = min(block_m, 64), min(block_n, 32)
+    grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start, context_lens, out,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=dot_fp32(q), num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, query_start: torch.Tensor,
+                                context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp32 bottom-right causal attention, one chunk at a time; returns q's dtype."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    for i in range(context_lens.shape[0]):
+        s, e, ctx = int(query_start[i]), int(query_start[i + 1]), int(context_lens[i])
+        n = e - s
+        blocks = block_tables[i, :math.ceil(ctx / block_size)].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # [ctx, H, D]
+        scores = torch.einsum("thd,nhd->htn", q[s:e].float(), k) * scale             # [H, n, ctx]
+        q_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        visible = torch.arange(ctx, device=q.device)[None, :] <= q_pos
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[s:e] = torch.einsum("htn,nhd->thd", scores.softmax(-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,177 @@
+"""Paged decode and varlen prefill attention kernels vs their fp32 PyTorch references.
+
+On the CPU they run under the Triton interpreter (TRITON_INTERPRET=1, set in tests/conftest.py)
+at small shapes; on a GPU the `gpu` cases run real shapes (head dim 64/128, GQA 1/4/8, block size
+16/32, contexts up to 32k). Every case draws fresh random inputs, scatters the sequences over a
+shuffled block pool, and poisons the output with NaN before the kernel runs.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.decode_attention import (
+    choose_num_splits,
+    decode_attention,
+    decode_attention_reference,
+)
+from kernels.prefill_attention import prefill_attention, prefill_attention_reference
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+# bf16 operands with fp32 accumulation land between 1e-3 and 1e-2 relative error (METHOD.md)
+TOL = {torch.float32: 2e-3 if CUDA else 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 5e-3}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not out.isnan().any(), "output has NaN (an unwritten element or a bad softmax)"
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def make_cache(total_tokens_per_seq: list[int], block_size: int, hkv: int, d: int, dtype, gen):
+    """Random K/V cache with each sequence's blocks drawn from a shuffled pool (+ spare blocks)."""
+    need = [math.ceil(n / block_size) for n in total_tokens_per_seq]
+    num_blocks = sum(need) + 3
+    k = torch.randn(num_blocks, block_size, hkv, d, generator=gen, device=DEVICE).to(dtype)
+    v = torch.randn(num_blocks, block_size, hkv, d, generator=gen, device=DEVICE).to(dtype)
+    perm = torch.randperm(num_blocks, generator=gen, device=DEVICE).to(torch.int32)
+    width = max(need)
+    tables = torch.zeros(len(need), width + 2, dtype=torch.int32, device=DEVICE)  # spare columns
+    used = 0
+    for i, nb in enumerate(need):
+        tables[i, :nb] = perm[used:used + nb]
+        used += nb
+    return k, v, tables
+
+
+def strided_q(num_tokens: int, num_heads: int, hkv: int, d: int, dtype, gen) -> torch.Tensor:
+    """q as the engine sees it: a view into a fused [T, (H + 2 Hkv) * D] qkv output."""
+    qkv = torch.randn(num_tokens, (num_heads + 2 * hkv) * d, generator=gen, device=DEVICE).to(dtype)
+    return qkv[:, :num_heads * d].view(num_tokens, num_heads, d)
+
+
+def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed, block_n=64):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    k, v, tables = make_cache(ctx_lens, block_size, hkv, d, dtype, gen)
+    q = strided_q(len(ctx_lens), num_heads, hkv, d, dtype, gen)
+    lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE)
+    out = torch.full((len(ctx_lens), num_heads, d), float("nan"), dtype=dtype, device=DEVICE)
+    scale = d ** -0.5
+    decode_attention(q, k, v, tables, lens, scale, num_splits=num_splits, out=out, block_n=block_n)
+    ref = decode_attention_reference(q, k, v, tables, lens, scale)
+    return rel_err(out, ref)
+
+
+def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128, block_n=64):
+    """chunks: [(cached_prefix_len, query_len)]"""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    ctx = [p + n for p, n in chunks]
+    k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen)
+    starts = [0]
+    for _, n in chunks:
+        starts.append(starts[-1] + n)
+    q = strided_q(starts[-1], num_heads, hkv, d, dtype, gen)
+    out = torch.full((starts[-1], num_heads, d), float("nan"), dtype=dtype, device=DEVICE)
+    qs = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
+    scale = d ** -0.5
+    prefill_attention(q, k, v, tables, qs, lens, max(n for _, n in chunks), scale, out=out,
+                      block_m=block_m, block_n=block_n, num_warps=4)
+    ref = prefill_attention_reference(q, k, v, tables, qs, lens, scale)
+    return rel_err(out, ref)
+
+
+# ---- small shapes: CPU interpreter in CI (and the GPU too) ------------------------------------
+
+@pytest.mark.parametrize("num_heads,hkv", [(4, 4), (8, 2), (8, 1)])          # GQA 1 / 4 / 8
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_small(num_heads, hkv, num_splits, dtype):
+    ctx = [1, 17, 40, 5]                                    # odd lengths, a 1-token context
+    err = run_decode(ctx, num_heads, hkv, 32, 16, dtype, num_splits, seed=num_heads * 7 + hkv + num_splits,
+                     block_n=16)
+    assert err < TOL[dtype], err
+
+
+def test_decode_more_splits_than_tiles():
+    # 7 splits over 20 tokens with 16-token tiles: most splits are empty and must weigh nothing
+    assert run_decode([20, 3], 4, 2, 16, 8, torch.float32, 7, seed=3, block_n=16) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("chunks", [
+    [(0, 19)],                            # plain causal prefill, odd length
+    [(13, 6), (0, 33), (32, 1)],          # prefix-cache hits / later chunks of chunked prefill
+])
+@pytest.mark.parametrize("hkv", [4, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_small(chunks, hkv, dtype):
+    err = run_prefill(chunks, 4, hkv, 32, 8, dtype, seed=len(chunks) * 11 + hkv, block_m=16, block_n=16)
+    assert err < TOL[dtype], err
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(1, 8, 32768, num_sms=132) == 33          # batch 1, long context
+    assert choose_num_splits(256, 32, 4096, num_sms=132) == 1           # plenty of programs
+    assert choose_num_splits(1, 8, 10, num_sms=132) == 1                # one tile of context
+
+
+def test_bad_inputs_are_value_errors():
+    q = torch.randn(2, 4, 32)
+    k = torch.randn(6, 8, 2, 32)
+    tables = torch.zeros(2, 3, dtype=torch.int32)
+    lens = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="int32"):
+        decode_attention(q, k, k, tables.long(), lens, 1.0)
+    with pytest.raises(ValueError, match="head_dim"):
+        decode_attention(torch.randn(2, 4, 16), k, k, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="KV heads"):
+        decode_attention(torch.randn(2, 3, 32), k, k, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="dtypes"):
+        decode_attention(q.bfloat16(), k, k, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_attention(q, k, k, tables, lens, 1.0, num_splits=0)
+    with pytest.raises(ValueError, match="disagree"):
+        prefill_attention(q, k, k, tables, torch.zeros(2, dtype=torch.int32), lens, 1, 1.0)
+
+
+# ---- real shapes: GPU only ------------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("num_heads,hkv", [(32, 32), (32, 8), (64, 8)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_decode_real_shapes(d, num_heads, hkv, block_size):
+    gen = torch.Generator().manual_seed(d + num_heads + hkv + block_size)
+    ctx = [1, 7, 4099] + torch.randint(1, 3000, (13,), generator=gen).tolist()
+    for splits in (1, choose_num_splits(len(ctx), hkv, max(ctx), 132)):
+        assert run_decode(ctx, num_heads, hkv, d, block_size, torch.bfloat16, splits, seed=splits + d) < 1.5e-2
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("hkv", [32, 8])
+def test_decode_long_context(hkv):
+    ctx = [32768, 20001]
+    splits = choose_num_splits(len(ctx), hkv, max(ctx), 132)
+    assert splits > 1
+    assert run_decode(ctx, 32, hkv, 128, 16, torch.bfloat16, splits, seed=hkv) < 1.5e-2
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("num_heads,hkv", [(32, 32), (32, 8), (32, 4)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_prefill_real_shapes(d, num_heads, hkv, block_size):
+    chunks = [(0, 1), (0, 777), (1000, 255), (4095, 1), (16, 2049)]
+    assert run_prefill(chunks, num_heads, hkv, d, block_size, torch.bfloat16, seed=d + hkv) < 1.5e-2
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_prefill_long_context():
+    assert run_prefill([(28000, 4768), (0, 8191)], 32, 8, 128, 16, torch.bfloat16, seed=5) < 1.5e-2

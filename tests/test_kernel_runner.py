@@ -1,0 +1,129 @@
+"""The CUDA runner's kernel path (Triton layers, flat varlen batches, staged inputs) against the
+PyTorch reference runner: same greedy tokens and logprobs.
+
+On the CPU the kernels run under the Triton interpreter with the tiny random model (CUDA graphs
+and pinned memory are CUDA-only); on a GPU the same tests run on the device, with graphs.
+"""
+from __future__ import annotations
+
+import random
+from unittest.mock import patch
+
+import pytest
+import torch
+
+from inference.config import EngineConfig
+from inference.cuda_runner import CudaModelRunner
+from inference.llm import LLM
+from inference.model_runner import num_kv_blocks
+from inference.models.triton_layers import use_triton_kernels
+from inference.sampling_params import SamplingParams
+from tests.conftest import assert_all_blocks_free
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KW = dict(dtype="float32", max_model_len=256, block_size=4, kv_cache_memory_bytes=1 << 20)
+
+
+def kernel_llm(**kw) -> LLM:
+    """An LLM whose runner is the CUDA runner on DEVICE (the CPU: interpreter, eager)."""
+    config = EngineConfig.load(**{"model": "random:tiny", "device": DEVICE, **KW, **kw})
+
+    def build(loaded, cfg):
+        if DEVICE == "cpu":
+            use_triton_kernels(loaded.model)      # the loader does this itself on CUDA
+            blocks = num_kv_blocks(loaded, cfg.cache, cfg.cache.kv_cache_memory_bytes, "kv_cache_memory_bytes")
+            return CudaModelRunner(loaded, cfg.cache, cfg.scheduler, blocks, cfg.model.seed, enforce_eager=True)
+        from inference.model_runner import build_runner
+        return build_runner(loaded, cfg)
+
+    with patch("inference.engine.build_runner", build):
+        return LLM.from_config(config)
+
+
+def reference_llm(ours: LLM, **kw) -> LLM:
+    """The PyTorch reference runner on the CPU, with `ours`'s weights (random weights drawn on a
+    GPU differ from the CPU's for the same seed)."""
+    ref = LLM("random:tiny", device="cpu", **{**KW, **kw})
+    with torch.no_grad():
+        for mine, theirs in zip(ref.engine.runner.model.parameters(), ours.engine.runner.model.parameters(),
+                                strict=True):
+            mine.copy_(theirs.cpu())
+    return ref
+
+
+def prompts(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 500) for _ in range(13)]                 # a shared prefix: cache hits
+    out = []
+    for i in range(n):
+        own = [rng.randrange(3, 500) for _ in range(rng.randint(1, 40))]
+        out.append({"prompt_token_ids": (shared + own) if i % 2 else own})
+    return out
+
+
+def test_greedy_tokens_and_logprobs_match_reference():
+    ps = prompts(6, seed=1)
+    params = [SamplingParams(max_tokens=random.Random(i).randint(1, 9), temperature=0, ignore_eos=True, logprobs=2)
+              for i in range(len(ps))]
+    # a small token budget: prompts are split into chunks, decodes and chunks share steps
+    ours = kernel_llm(max_num_batched_tokens=24)
+    ref = reference_llm(ours, max_num_batched_tokens=24)
+    assert isinstance(ours.engine.runner, CudaModelRunner)
+    assert type(ours.engine.runner.model.norm).__name__ == "TritonRMSNorm"
+    got = ours.generate(ps, params, use_tqdm=False)
+    want = ref.generate(ps, params, use_tqdm=False)
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            tok = next(iter(lw))
+            assert lg[tok].logprob == pytest.approx(lw[tok].logprob, abs=1e-3)
+    assert_all_blocks_free(ours)
+
+
+def test_preemption_under_cache_pressure_keeps_outputs():
+    # 20 blocks of 4 tokens for 5 requests that want up to ~30 tokens each: preemption by recompute
+    ps = prompts(5, seed=2)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    small = kernel_llm(kv_cache_memory_bytes=20 * 4 * 2 * 2 * 16 * 2 * 4, max_model_len=80)
+    ref = reference_llm(small, max_model_len=80)
+    got = [o.outputs[0].token_ids for o in small.generate(ps, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in ref.generate(ps, params, use_tqdm=False)]
+    assert got == want
+    assert_all_blocks_free(small)
+
+
+gpu_only = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_cuda_graphs_match_eager_and_cover_decode_batches():
+    ps = prompts(37, seed=3)                        # 37 decodes: padded to the 48-row graph
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    graphs = kernel_llm(dtype="bfloat16")
+    assert graphs.engine.runner.graphs, "no CUDA graphs were captured"
+    eager = kernel_llm(dtype="bfloat16", enforce_eager=True)
+    got = [o.outputs[0].token_ids for o in graphs.generate(ps, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in eager.generate(ps, params, use_tqdm=False)]
+    assert got == want
+    assert_all_blocks_free(graphs)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_cuda_startup_errors_are_clear():
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        LLM("random:llama-2-7b", device="cuda", kv_cache_memory_bytes=None, gpu_memory_utilization=0.05)
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes.*max_model_len=256"):
+        kernel_llm(kv_cache_memory_bytes=4096)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_cuda_prompt_longer_than_context_is_rejected_and_engine_keeps_serving():
+    llm = kernel_llm(dtype="bfloat16")
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate({"prompt_token_ids": [5] * 300}, SamplingParams(max_tokens=2), use_tqdm=False)
+    out = llm.generate({"prompt_token_ids": [5] * 30}, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2
+    assert_all_blocks_free(llm)
