@@ -90,7 +90,7 @@ def paged_cache(num_seqs: int, ctx: int, hkv: int, d: int, block_size: int, gen)
     return k, v, tables
 
 
-def kernel_bench(copy_bw: float) -> dict:
+def kernel_bench(copy_bw: float, parts: set[str]) -> dict:
     from kernels.decode_attention import (
         choose_num_splits,
         decode_attention,
@@ -101,7 +101,7 @@ def kernel_bench(copy_bw: float) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     result = {"decode": [], "prefill": []}
     B, CTX, D, BS = 64, 4096, 128, 16
-    for h, hkv in ((32, 32), (32, 8)):
+    for h, hkv in ((32, 32), (32, 8)) if "decode" in parts else ():
         k, v, tables = paged_cache(B, CTX, hkv, D, BS, gen)
         q = torch.randn(B, h, D, device="cuda", generator=gen, dtype=torch.bfloat16)
         lens = torch.full((B,), CTX, dtype=torch.int32, device="cuda")
@@ -133,7 +133,7 @@ def kernel_bench(copy_bw: float) -> dict:
         k = v = None
         torch.cuda.empty_cache()
     T = 4096
-    for h, hkv in ((32, 32), (32, 8)):
+    for h, hkv in ((32, 32), (32, 8)) if "prefill" in parts else ():
         k, v, tables = paged_cache(1, T, hkv, D, BS, gen)
         q = torch.randn(T, h, D, device="cuda", generator=gen, dtype=torch.bfloat16)
         qs = torch.tensor([0, T], dtype=torch.int32, device="cuda")
@@ -262,6 +262,13 @@ def decode_bench(llm: LLM, copy_bw: float, vocab: int, n_tokens: int) -> dict:
     roofline = copy_bw / bytes_per_step
     out = {"tok_s": rate, "all_reps": rates, "bytes_per_step": bytes_per_step, "roofline_tok_s": roofline,
            "fraction_of_roofline": rate / roofline, "achieved_GBps": rate * bytes_per_step / 1e9}
+    graphs = getattr(llm.engine.runner, "graphs", {})
+    if 1 in graphs:
+        # device time of one decode step alone (graph replay); the rest of 1/rate is host work
+        replay = timed(graphs[1][0].replay, reps=50)
+        out.update(graph_replay_ms=replay * 1e3, step_ms=1e3 / rate, host_ms=1e3 / rate - replay * 1e3,
+                   graph_only_tok_s=1 / replay)
+        log(f"  graph replay {replay * 1e3:.3f} ms/step (= {1 / replay:.0f} tok/s), whole step {1e3 / rate:.3f} ms")
     log(f"ours bs1 decode: {rate:.1f} tok/s = {rate / roofline:.1%} of roofline {roofline:.0f} tok/s")
     return out
 
@@ -369,6 +376,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--hf-batches", default="64,256")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (to measure what they buy)")
+    ap.add_argument("--kernel-parts", default="decode,prefill")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -387,7 +395,7 @@ def main() -> None:
         copy_bw = res["ceilings"]["copy_bandwidth_GBps"] * 1e9
         log(f"ceilings: {res['ceilings']}")
     if "kernels" in sections:
-        res["kernels"] = kernel_bench(copy_bw)
+        res["kernels"] = kernel_bench(copy_bw, set(args.kernel_parts.split(",")))
     for preset in args.models.split(","):
         model = f"random:{preset}"
         vocab = preset_config(preset)["vocab_size"]

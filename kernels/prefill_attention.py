@@ -73,7 +73,8 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    tile = tl.program_id(1)
+    # Longest tiles (last queries: most keys) first, so the causal tail doesn't idle the GPU.
+    tile = tl.num_programs(1) - 1 - tl.program_id(1)
     h = tl.program_id(2)
     q_start = tl.load(QUERY_START + seq)
     q_len = tl.load(QUERY_START + seq + 1) - q_start
