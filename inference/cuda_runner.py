@@ -21,7 +21,7 @@ from inference.models.triton_layers import KernelAttentionMetadata
 from inference.sampler import SamplingRow, sample
 from inference.sampling_params import SamplingParams
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from kernels.decode_attention import choose_num_splits
+from kernels.decode_attention import SPLIT_CHOICES, choose_num_splits
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,24 @@ class CudaModelRunner(ModelRunner):
         self.d_tables = torch.zeros(max_seqs, self.max_blocks, dtype=torch.int32, device=dev)
         self.copied = torch.cuda.Event() if on_cuda else None   # staging may be rewritten once fired
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # batch -> (graph, logits)
-        if on_cuda and not enforce_eager:
-            self.capture_graphs(min(max_seqs, sched.max_num_batched_tokens))
+        if on_cuda:
+            self.warm_up_kernels()
+            if not enforce_eager:
+                self.capture_graphs(min(max_seqs, sched.max_num_batched_tokens))
+
+    @torch.inference_mode()
+    def warm_up_kernels(self) -> None:
+        """Compile every kernel variant a step can need now, so no request waits on Triton's JIT
+        (a compile takes ~1 s): one eager mixed step per split-K choice, writing no KV."""
+        dev, i32 = self.device, dict(dtype=torch.int32, device=self.device)
+        for splits in SPLIT_CHOICES:
+            meta = KernelAttentionMetadata(
+                torch.full((4,), -1, dtype=torch.long, device=dev), 1, self.d_tables[:1], self.d_ctx[:1], splits,
+                prefill_block_tables=self.d_tables[:1], prefill_query_start=torch.tensor([0, 3], **i32),
+                prefill_context_lens=torch.tensor([3], **i32), max_query_len=3)
+            hidden = self.model(self.d_ids[:4], self.d_pos[:4], self.kv_caches, meta)
+            self.model.compute_logits(hidden)
+        torch.cuda.synchronize(dev)
 
     # ---- CUDA graphs -------------------------------------------------------------------------
     def _decode_meta(self, batch: int, num_splits: int) -> KernelAttentionMetadata:

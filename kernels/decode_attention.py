@@ -104,13 +104,21 @@ def _decode_merge_kernel(
     tl.store(OUT + b * stride_ot + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
 
+MAX_SPLITS = 64
+
+
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_sms: int,
                       block_n: int = 64) -> int:
-    """Enough splits that B * Hkv * splits fills the SMs about twice, each split >= 2 tiles."""
+    """Enough splits that B * Hkv * splits fills the SMs about twice, each split >= 2 tiles.
+    A power of two, so at most 7 kernel variants are ever compiled (see `SPLIT_CHOICES`)."""
     programs = batch * num_kv_heads
     want = -(-2 * num_sms // programs)
     most = max(1, -(-max_context_len // (2 * block_n)))
-    return int(max(1, min(want, most, 64)))
+    splits = max(1, min(want, most, MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)                 # round down to a power of two
+
+
+SPLIT_CHOICES = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))   # 1, 2, 4, ..., 64
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

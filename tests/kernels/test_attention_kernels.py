@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kernels.decode_attention import (
+    SPLIT_CHOICES,
     choose_num_splits,
     decode_attention,
     decode_attention_reference,
@@ -113,9 +114,12 @@ def test_prefill_small(chunks, hkv, dtype):
 
 
 def test_choose_num_splits():
-    assert choose_num_splits(1, 8, 32768, num_sms=132) == 33          # batch 1, long context
+    assert choose_num_splits(1, 8, 32768, num_sms=132) == 32          # batch 1, long context (pow2)
     assert choose_num_splits(256, 32, 4096, num_sms=132) == 1           # plenty of programs
     assert choose_num_splits(1, 8, 10, num_sms=132) == 1                # one tile of context
+    for b in (1, 3, 17, 64, 200):
+        for ctx in (1, 100, 1000, 40000):
+            assert choose_num_splits(b, 8, ctx, num_sms=132) in SPLIT_CHOICES
 
 
 def test_bad_inputs_are_value_errors():
