@@ -16,9 +16,9 @@ import torch
 
 from inference.config import CacheConfig, SchedulerConfig
 from inference.loader.model_loader import LoadedModel
-from inference.model_runner import ModelRunner, kv_bytes_per_block, num_kv_blocks
+from inference.model_runner import ModelRunner, StepHandle, kv_bytes_per_block, num_kv_blocks
 from inference.models.triton_layers import KernelAttentionMetadata
-from inference.sampler import SamplingRow, sample
+from inference.sampler import SamplingRow, sample, sample_on_device
 from inference.sampling_params import SamplingParams
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from kernels.decode_attention import SPLIT_CHOICES, choose_num_splits
@@ -88,6 +88,7 @@ class CudaModelRunner(ModelRunner):
         self.max_model_len = loaded.max_model_len
         self.max_blocks = -(-loaded.max_model_len // self.block_size)      # block-table width
         on_cuda = dev.type == "cuda"    # the CPU only runs this under the Triton interpreter (tests)
+        self.overlaps = on_cuda
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if on_cuda else 4
         max_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs)
         max_seqs = sched.max_num_seqs
@@ -152,8 +153,12 @@ class CudaModelRunner(ModelRunner):
         log.info("captured %d decode graphs (batch %s) in %.1f s", len(sizes), sizes, time.perf_counter() - start)
 
     # ---- one step ----------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collect(self.launch(sched))
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput) -> StepHandle:
+        """Stage inputs, run the model and queue sampling; returns before the device finishes."""
         items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
         num_decodes = sum(1 for it in items if it.num_scheduled_tokens == 1)
         num_tokens = sum(it.num_scheduled_tokens for it in items)
@@ -175,7 +180,7 @@ class CudaModelRunner(ModelRunner):
             graph.replay()
             logits = logits[:num_tokens]
             if len(sample_rows) != num_tokens:
-                logits = logits[torch.tensor(sample_rows, device=dev)]
+                logits = logits[self._rows_on_device(sample_rows)]
         else:
             ids = self.h_ids[:rows].to(dev, non_blocking=True)
             pos = self.h_pos[:rows].to(dev, non_blocking=True)
@@ -194,11 +199,24 @@ class CudaModelRunner(ModelRunner):
                 self._prefill_meta(items[num_decodes:], meta)
             hidden = self.model(ids, pos, self.kv_caches, meta)
             if not sample_rows:
-                return ModelRunnerOutput()
+                return StepHandle(output=ModelRunnerOutput())
             if len(sample_rows) != rows:
-                hidden = hidden[torch.tensor(sample_rows, device=dev)]
+                hidden = hidden[self._rows_on_device(sample_rows)]
             logits = self.model.compute_logits(hidden)
-        return self._sample(items, logits)
+        sampled = [it for it in items if it.needs_sample]
+        pending = sample_on_device(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
+        handle = StepHandle(sampled=sampled, pending=pending)
+        if self.copied is not None:             # CUDA: the ids come back by an async copy
+            handle.host_tokens = torch.empty(len(sampled), dtype=torch.long, pin_memory=True)
+            handle.host_tokens.copy_(pending.token_ids, non_blocking=True)
+            handle.done = torch.cuda.Event()
+            handle.done.record()
+        return handle
+
+    def _rows_on_device(self, rows: list[int]) -> torch.Tensor:
+        if self.copied is None:
+            return torch.tensor(rows, device=self.device)
+        return torch.tensor(rows, pin_memory=True).to(self.device, non_blocking=True)
 
     def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int, rows: int) -> list[int]:
         """Token ids, positions, slots (and decode block tables / context lengths) into the pinned

@@ -52,6 +52,9 @@ class LLMEngine:
         self.children: dict[str, tuple[str, int]] = {}            # child req_id -> (parent, index)
         self._ids = itertools.count()
         self._finished: list[FinishedRequestStats] = []        # retired since the last step's stats
+        # (request, token, logprobs) sampled by the last step, not yet handed to output states
+        self._pending: list[tuple[Request, int, Any]] = []
+        self.overlap_outputs = self.runner.overlaps
         self.last_stats: EngineStats | None = None
 
     # ---- inputs --------------------------------------------------------------------------
@@ -115,24 +118,37 @@ class LLMEngine:
             state.finish(i, "abort", None, t)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._pending)
 
     # ---- the loop ------------------------------------------------------------------------
     def step(self) -> list[RequestState]:
-        """One engine step. Returns the states that changed (call `take_deltas` / `to_output`)."""
+        """One engine step. Returns the states that changed (call `take_deltas` / `to_output`).
+
+        With an overlapping runner (CUDA) the step's host work is split around the device work:
+
+            schedule N | launch N | outputs of N-1 (detokenize, stop strings, stream) | collect N
+                                    '--------- while the device computes N ---------'
+
+        so a step's tokens reach their streams one engine step later (sooner when the engine goes
+        idle). A stop string found then finishes a request that is already in step N; that step's
+        token for it is dropped (the scheduler skips requests that are no longer running).
+        """
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         it = IterationStats(num_scheduled_tokens=sched.total_num_scheduled_tokens)
         changed: dict[str, RequestState] = {}
-        if not sched.is_empty:
-            result = self.runner.execute(sched)
+        handle = None if sched.is_empty else self.runner.launch(sched)
+        if handle is None or self.overlap_outputs:
+            self._apply_pending(changed, it)
+        if handle is not None:
+            result = self.runner.collect(handle)
             for item in sched.scheduled:           # prompt tokens computed this step
                 end = min(item.request.num_prompt_tokens, item.num_computed_tokens + item.num_scheduled_tokens)
                 it.num_prompt_tokens += max(0, end - item.num_computed_tokens)
-            t = now()
-            for request in self.scheduler.update_from_output(sched, result):
-                state = self._apply_token(request, result.logprobs.get(request.request_id), t, it)
-                changed[state.request_id] = state
+            self._pending = [(r, r.output_token_ids[-1], result.logprobs.get(r.request_id))
+                             for r in self.scheduler.update_from_output(sched, result)]
+            if not self.overlap_outputs:
+                self._apply_pending(changed, it)
         for state in changed.values():
             if state.finished:
                 self._retire(state)
@@ -141,12 +157,22 @@ class LLMEngine:
         self.last_stats = EngineStats(self.scheduler.stats(), it)
         return list(changed.values())
 
-    def _apply_token(self, request: Request, logprobs, t: float, it: IterationStats) -> RequestState:
+    def _apply_pending(self, changed: dict[str, RequestState], it: IterationStats) -> None:
+        t = now()
+        pending, self._pending = self._pending, []
+        for request, token, logprobs in pending:
+            parent, index = self.children.get(request.request_id, (None, 0))
+            if parent is None or self.states[parent].samples[index].finish_reason is not None:
+                continue                           # aborted (and maybe retired) since it was sampled
+            state = self._apply_token(request, token, logprobs, t, it)
+            changed[state.request_id] = state
+
+    def _apply_token(self, request: Request, token: int, logprobs, t: float, it: IterationStats) -> RequestState:
         """Hand a request's new token to its output state; finish it on a stop string."""
         parent, index = self.children[request.request_id]
         state = self.states[parent]
         first = state.metrics.first_token_time is None
-        stop_hit, itl = state.add_token(index, request.output_token_ids[-1], logprobs, t)
+        stop_hit, itl = state.add_token(index, token, logprobs, t)
         it.num_generation_tokens += 1
         if first:
             it.time_to_first_tokens.append(t - state.metrics.arrival_time)

@@ -6,12 +6,14 @@ computes logits only for rows that sample, and samples.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from inference.attention import AttentionMetadata, PrefillChunk, bottom_right_causal_mask
 from inference.config import CacheConfig, EngineConfig
 from inference.loader.model_loader import LoadedModel
-from inference.sampler import SamplingRow, sample
+from inference.sampler import PendingSample, SamplerOutput, SamplingRow, resolve, sample
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 CPU_KV_CACHE_BYTES = 1 << 30          # default KV cache on the CPU
@@ -50,7 +52,22 @@ def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
                        config.model.seed)
 
 
+@dataclass
+class StepHandle:
+    """A launched step. Synchronous runners return it with `output` set; the CUDA runner returns
+    it while the device still works, and `collect` waits for the sampled tokens."""
+    output: ModelRunnerOutput | None = None
+    sampled: list[ScheduledRequest] = field(default_factory=list)   # items that sample, in order
+    pending: PendingSample | None = None
+    host_tokens: torch.Tensor | None = None     # pinned: the sampled ids land here
+    done: torch.cuda.Event | None = None        # fires when host_tokens holds them
+
+
 class ModelRunner:
+    # True when launch() returns before the device finishes, so the engine can do host work
+    # (output processing of the previous step) while the device computes this one.
+    overlaps = False
+
     def __init__(self, loaded: LoadedModel, cache: CacheConfig, num_blocks: int, seed: int = 0):
         self.num_blocks = num_blocks
         self.model = loaded.model
@@ -69,6 +86,18 @@ class ModelRunner:
     def remove_requests(self, req_ids) -> None:
         for req_id in req_ids:
             self.generators.pop(req_id, None)
+
+    def launch(self, sched: SchedulerOutput) -> StepHandle:
+        return StepHandle(output=self.execute(sched))
+
+    def collect(self, handle: StepHandle) -> ModelRunnerOutput:
+        if handle.output is not None:
+            return handle.output
+        tokens = None
+        if handle.done is not None:
+            handle.done.synchronize()
+            tokens = handle.host_tokens.tolist()
+        return self._output(handle.sampled, resolve(handle.pending, tokens))
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -96,9 +125,12 @@ class ModelRunner:
 
     def _sample(self, items: list[ScheduledRequest], logits: torch.Tensor) -> ModelRunnerOutput:
         """logits: one row per item that samples, in order."""
-        out = ModelRunnerOutput()
         sampled = [it for it in items if it.needs_sample]
-        result = sample(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
+        return self._output(sampled, sample(logits, [self._sampling_row(it) for it in sampled],
+                                            self.default_generator))
+
+    def _output(self, sampled: list[ScheduledRequest], result: SamplerOutput) -> ModelRunnerOutput:
+        out = ModelRunnerOutput()
         for it, token, lp in zip(sampled, result.token_ids, result.logprobs):
             out.sampled_token_ids[it.request.request_id] = token
             if lp is not None:

@@ -29,13 +29,28 @@ class SamplerOutput:
     logprobs: list[dict[int, tuple[float, int]] | None]
 
 
+@dataclass
+class PendingSample:
+    """Sampling launched on the device; `resolve` turns it into a SamplerOutput."""
+    token_ids: torch.Tensor                   # [num_rows] on the logits' device
+    raw_logprobs: torch.Tensor | None         # [num_rows, vocab] fp32 when any row wants logprobs
+    rows: list[SamplingRow]
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator | None = None) -> SamplerOutput:
     """logits: [num_rows, vocab] in the model's dtype; processed in fp32."""
+    return resolve(sample_on_device(logits, rows, default_generator))
+
+
+def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
+                     default_generator: torch.Generator | None = None) -> PendingSample:
+    """Choose every row's token on the logits' device. On CUDA the common paths (greedy, and
+    temperature / top-k / top-p / min-p sampling) queue device work only, without a host sync."""
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     fast = all(r.params.is_greedy and not r.params.needs_penalties and not r.blocked_token_ids for r in rows)
     if fast and not want_logprobs:
         # argmax is exact in any dtype: skip the fp32 copy of [rows, vocab]
-        return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+        return PendingSample(logits.argmax(dim=-1), None, rows)
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
     if fast:
@@ -46,13 +61,26 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: tor
             if row.blocked_token_ids:
                 logits[i, row.blocked_token_ids] = float("-inf")
         token_ids = _sample_rows(logits, rows, default_generator)
-    tokens = token_ids.tolist()
-    logprobs = [None] * len(rows)
-    if want_logprobs:
-        for i, row in enumerate(rows):
+    return PendingSample(token_ids, raw_logprobs, rows)
+
+
+def resolve(pending: PendingSample, token_ids: list[int] | None = None) -> SamplerOutput:
+    """Token ids (already copied to the host, or copied now) and the requested logprobs."""
+    tokens = pending.token_ids.tolist() if token_ids is None else token_ids
+    logprobs = [None] * len(pending.rows)
+    if pending.raw_logprobs is not None:
+        for i, row in enumerate(pending.rows):
             if row.params.logprobs is not None:
-                logprobs[i] = _logprobs_of(raw_logprobs[i], tokens[i], row.params.logprobs)
+                logprobs[i] = _logprobs_of(pending.raw_logprobs[i], tokens[i], row.params.logprobs)
     return SamplerOutput(tokens, logprobs)
+
+
+def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor without a sync: pageable copies to CUDA wait for the
+    stream to drain, pinned non-blocking ones don't."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -60,13 +88,13 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, row in enumerate(rows):
         p = row.params
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long,
-                                device=logits.device)
+            seen = _on_device(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), torch.long,
+                              logits.device)
             seen = seen[seen < vocab]
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
-            counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device),
+            counts = torch.bincount(_on_device(row.output_token_ids, torch.long, logits.device),
                                     minlength=vocab)[:vocab]
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
@@ -76,25 +104,33 @@ def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow], default_generato
     random_idx = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if not random_idx:
         return result
-    sub = logits[random_idx]                                             # [R, vocab]
+    all_random = len(random_idx) == len(rows)
+    idx = None if all_random else _on_device(random_idx, torch.long, logits.device)
+    sub = logits if all_random else logits[idx]                          # [R, vocab]
     sub_rows = [rows[i] for i in random_idx]
-    temps = torch.tensor([r.params.temperature for r in sub_rows], dtype=sub.dtype, device=sub.device)
+    temps = _on_device([r.params.temperature for r in sub_rows], sub.dtype, sub.device)
     sub.div_(temps[:, None])
     _filter_top_k_top_p_min_p(sub, sub_rows)
     probs = torch.softmax(sub, dim=-1)
     noise = torch.empty_like(probs)
-    for j, row in enumerate(sub_rows):
-        noise[j].exponential_(generator=row.generator or default_generator)
-    result[random_idx] = (probs / noise).argmax(dim=-1)
+    seeded = [j for j, row in enumerate(sub_rows) if row.generator is not None]
+    if len(seeded) < len(sub_rows):
+        noise.exponential_(generator=default_generator)               # one launch for the unseeded rows
+    for j in seeded:                                                  # seeded rows: their own stream
+        noise[j].exponential_(generator=sub_rows[j].generator)
+    chosen = (probs / noise).argmax(dim=-1)
+    if all_random:
+        return chosen
+    result[idx] = chosen
     return result
 
 
 def _filter_top_k_top_p_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     vocab = logits.shape[-1]
     dev = logits.device
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=dev)
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype, device=dev)
-    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype, device=dev)
+    top_k = _on_device([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], torch.long, dev)
+    top_p = _on_device([r.params.top_p for r in rows], logits.dtype, dev)
+    min_p = _on_device([r.params.min_p for r in rows], logits.dtype, dev)
     if any(r.params.min_p > 0 for r in rows):
         probs = torch.softmax(logits, dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
