@@ -112,6 +112,16 @@ class BlockManager:
 
         Returns False and changes nothing when there are not enough free blocks.
         """
+        if not new_computed_blocks:
+            # Fast path for a running request (a decode step, mostly): room is usually there.
+            table = self.req_to_blocks.get(request.request_id)
+            num_total = request.num_computed_tokens + num_new_tokens
+            if table is not None and len(table) * self.block_size >= num_total:
+                if self.enable_prefix_caching and \
+                        min(num_total, request.num_tokens) // self.block_size > self.req_num_cached.get(
+                            request.request_id, 0):
+                    self._cache_full_blocks(request, num_total)
+                return True
         if self._num_blocks_short(request, num_new_tokens, new_computed_blocks) > 0:
             return False
         table = self.req_to_blocks.setdefault(request.request_id, [])
