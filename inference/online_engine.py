@@ -13,6 +13,8 @@ import threading
 import uuid
 from typing import Any, Iterator
 
+import torch
+
 from inference.config import EngineConfig
 from inference.engine import LLMEngine, PromptType, check_messages
 from inference.outputs import StreamDelta
@@ -20,6 +22,16 @@ from inference.sampling_params import SamplingParams
 from inference.stats import EngineStats
 
 log = logging.getLogger(__name__)
+
+
+def device_error_is_fatal(exc: BaseException) -> bool:
+    """A CUDA error other than out-of-memory (an illegal address, a failed launch, ECC) leaves
+    the context unusable: every later step would fail too, so the loop stops and the service
+    reports not ready instead of failing each request. Out-of-memory is recoverable."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    accel = getattr(torch, "AcceleratorError", ())
+    return isinstance(exc, accel) or (isinstance(exc, RuntimeError) and "CUDA error" in str(exc))
 
 
 class RequestStream:
@@ -147,6 +159,8 @@ class OnlineEngine:
                         self._publish(state)
                     self._notify(engine.last_stats)
                 except Exception as exc:
+                    if device_error_is_fatal(exc):
+                        raise                             # below: error set, readiness false
                     # A failing step (e.g. out of memory) fails the requests in flight, not the
                     # loop: their blocks are freed and later requests are served.
                     log.exception("engine step failed; aborting %d requests", len(engine.states))

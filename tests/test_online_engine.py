@@ -147,3 +147,23 @@ def test_failing_step_fails_its_requests_not_the_loop(tiny, monkeypatch):
     ok = list(tiny.add_request("fine", SamplingParams(max_tokens=4, ignore_eos=True)))
     assert ok[-1].finish_reason == "length" and ok[-1].num_output_tokens == 4
     assert tiny.is_alive()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # the loop re-raises
+def test_fatal_device_error_stops_the_loop_and_reports_not_alive(monkeypatch):
+    # A sticky CUDA error (illegal address) would fail every later step: the loop stops, the
+    # requests in flight end with the error, is_alive() turns false and new requests are refused.
+    engine = OnlineEngine("random:tiny", dtype="float32", max_model_len=128, kv_cache_memory_bytes=4 << 20)
+    try:
+        def broken(sched):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        monkeypatch.setattr(engine.engine.runner, "execute", broken)
+        deltas = list(engine.add_request("x", SamplingParams(max_tokens=3)))
+        assert deltas[-1].finish_reason == "abort" and "illegal memory access" in deltas[-1].error
+        engine._thread.join(5)
+        assert not engine.is_alive() and "illegal memory access" in repr(engine.error)
+        with pytest.raises(RuntimeError, match="not running"):
+            engine.add_request("y", SamplingParams(max_tokens=3))
+    finally:
+        engine.shutdown()
