@@ -290,14 +290,23 @@ def throughput_bench(llm: LLM, vocab: int, n128: int, n_mixed: int) -> dict:
         prompts = random_prompts(n, in_lens, vocab, seed)
         params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in out_lens]
         torch.cuda.synchronize()
+        timings = llm.engine.runner.timings
+        before = (timings.num_steps, timings.launch_s, timings.wait_s)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
+        steps, launch_s, wait_s = (a - b for a, b in zip((timings.num_steps, timings.launch_s, timings.wait_s),
+                                                         before))
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         assert n_out == sum(out_lens), (n_out, sum(out_lens))
         out[name] = {"requests": n, "output_tokens": n_out, "input_tokens": sum(in_lens), "wall_s": wall,
-                     "output_tok_s": n_out / wall, "total_tok_s": (n_out + sum(in_lens)) / wall}
-        log(f"ours {name}: {n} requests, {n_out / wall:.0f} output tok/s ({wall:.1f} s)")
+                     "output_tok_s": n_out / wall, "total_tok_s": (n_out + sum(in_lens)) / wall,
+                     # launch: host time staging + launching steps; wait: host blocked on the device;
+                     # the rest of the wall time is host work outside the runner (scheduler, outputs)
+                     "steps": steps, "launch_s": launch_s, "device_wait_s": wait_s,
+                     "other_host_s": wall - launch_s - wait_s}
+        log(f"ours {name}: {n} requests, {n_out / wall:.0f} output tok/s ({wall:.1f} s; {steps} steps, "
+            f"launch {launch_s:.2f} s, device wait {wait_s:.2f} s, other host {wall - launch_s - wait_s:.2f} s)")
     return out
 
 
@@ -324,12 +333,13 @@ def serve_bench(model: str, engine_kw: dict, vocab: int, rate: float, n: int) ->
                 raise RuntimeError(d.error)
             if d.token_ids:
                 events.append(time.perf_counter())
-        results[i] = {"ttft": events[0] - t0, "itl": [b - a for a, b in zip(events, events[1:])]}
+        results[i] = {"ttft": events[0] - t0, "itl": [b - a for a, b in zip(events, events[1:])],
+                      "at": t0 - start, "prompt": len(ids)}
 
     warm = eng.add_request({"prompt_token_ids": work[0][0]}, SamplingParams(max_tokens=8, ignore_eos=True))
     list(warm)
     threads = []
-    start = time.perf_counter()
+    start = time.perf_counter()     # read by one() through the closure
     for i, at in enumerate(arrivals):
         delay = start + at - time.perf_counter()
         if delay > 0:
@@ -347,8 +357,12 @@ def serve_bench(model: str, engine_kw: dict, vocab: int, rate: float, n: int) ->
     def pct(xs, p):
         return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
 
+    slowest = sorted(results, key=lambda r: -r["ttft"])[:5]
     out = {"rate": rate, "requests": n, "wall_s": wall, "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
-           "itl_ms": {"p50": pct(itl, 50), "p99": pct(itl, 99)}, "engine": engine_kw}
+           "itl_ms": {"p50": pct(itl, 50), "p99": pct(itl, 99)}, "engine": engine_kw,
+           "slowest_ttft": [{"ttft_ms": r["ttft"] * 1e3, "arrived_s": r["at"], "prompt_tokens": r["prompt"]}
+                            for r in slowest]}
+    log(f"  slowest TTFTs: {out['slowest_ttft']}")
     log(f"serve {rate} req/s x {n}: TTFT p50 {out['ttft_ms']['p50']:.1f} p99 {out['ttft_ms']['p99']:.1f} ms; "
         f"ITL p50 {out['itl_ms']['p50']:.1f} p99 {out['itl_ms']['p99']:.1f} ms")
     return out
@@ -377,6 +391,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--hf-batches", default="64,256")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (to measure what they buy)")
+    ap.add_argument("--skip-hf", action="store_true", help="no HF peer (quick checks only)")
     ap.add_argument("--kernel-parts", default="decode,prefill")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
@@ -402,7 +417,7 @@ def main() -> None:
         vocab = preset_config(preset)["vocab_size"]
         r: dict = {}
         res["models"][preset] = r
-        if sections & {"decode", "throughput"}:
+        if sections & {"decode", "throughput"} and not args.skip_hf:
             r["hf"] = hf_bench(preset, sections, [int(b) for b in args.hf_batches.split(",")])
         if sections & {"decode", "throughput"}:
             t0 = time.perf_counter()
@@ -412,10 +427,11 @@ def main() -> None:
             log(f"ours {preset}: started in {r['startup_s']:.1f} s, {r['num_kv_blocks']} KV blocks")
             if "decode" in sections:
                 r["decode"] = decode_bench(llm, copy_bw, vocab, args.decode_tokens)
-                r["decode"]["hf_tok_s"] = r["hf"].get("bs1_decode_tok_s")
+                r["decode"]["hf_tok_s"] = r.get("hf", {}).get("bs1_decode_tok_s")
             if "throughput" in sections:
                 r["throughput"] = throughput_bench(llm, vocab, args.num_requests, args.num_mixed)
-                r["throughput"]["vs_hf_best"] = r["throughput"]["128_128"]["output_tok_s"] / r["hf"]["best_tok_s"]
+                if "hf" in r:
+                    r["throughput"]["vs_hf_best"] = r["throughput"]["128_128"]["output_tok_s"] / r["hf"]["best_tok_s"]
             del llm
             gc.collect()
             torch.cuda.empty_cache()
@@ -445,11 +461,11 @@ def print_table(res: dict) -> None:
         if "decode" in r:
             d = r["decode"]
             log(f"{name} bs1 decode: {d['tok_s']:.1f} tok/s = {d['fraction_of_roofline']:.1%} of "
-                f"{d['roofline_tok_s']:.0f} (HF {d['hf_tok_s']:.1f})")
+                f"{d['roofline_tok_s']:.0f} (HF {d['hf_tok_s'] or float('nan'):.1f})")
         for k, t in r.get("throughput", {}).items():
             if isinstance(t, dict):
                 log(f"{name} throughput {k}: {t['output_tok_s']:.0f} output tok/s")
-        if "throughput" in r:
+        if "vs_hf_best" in r.get("throughput", {}):
             log(f"{name} 128/128 vs HF best ({r['hf']['best_tok_s']:.0f}): {r['throughput']['vs_hf_best']:.1f}x")
         if "serve" in r:
             s = r["serve"]

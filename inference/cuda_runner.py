@@ -157,7 +157,7 @@ class CudaModelRunner(ModelRunner):
         return self.collect(self.launch(sched))
 
     @torch.inference_mode()
-    def launch(self, sched: SchedulerOutput) -> StepHandle:
+    def _launch(self, sched: SchedulerOutput) -> StepHandle:
         """Stage inputs, run the model and queue sampling; returns before the device finishes."""
         items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
         num_decodes = sum(1 for it in items if it.num_scheduled_tokens == 1)

@@ -6,6 +6,7 @@ computes logits only for rows that sample, and samples.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,15 @@ class StepHandle:
     done: torch.cuda.Event | None = None        # fires when host_tokens holds them
 
 
+@dataclass
+class RunnerTimings:
+    """Where a step's time goes (for benchmarks): launching it on the host, and waiting for the
+    device in collect. Engine wall time minus both is the rest of the host work."""
+    num_steps: int = 0
+    launch_s: float = 0.0
+    wait_s: float = 0.0
+
+
 class ModelRunner:
     # True when launch() returns before the device finishes, so the engine can do host work
     # (output processing of the previous step) while the device computes this one.
@@ -70,6 +80,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, cache: CacheConfig, num_blocks: int, seed: int = 0):
         self.num_blocks = num_blocks
+        self.timings = RunnerTimings()
         self.model = loaded.model
         self.arch = loaded.arch
         self.dtype = loaded.dtype
@@ -88,6 +99,13 @@ class ModelRunner:
             self.generators.pop(req_id, None)
 
     def launch(self, sched: SchedulerOutput) -> StepHandle:
+        t0 = time.perf_counter()
+        handle = self._launch(sched)
+        self.timings.num_steps += 1
+        self.timings.launch_s += time.perf_counter() - t0
+        return handle
+
+    def _launch(self, sched: SchedulerOutput) -> StepHandle:
         return StepHandle(output=self.execute(sched))
 
     def collect(self, handle: StepHandle) -> ModelRunnerOutput:
@@ -95,7 +113,9 @@ class ModelRunner:
             return handle.output
         tokens = None
         if handle.done is not None:
+            t0 = time.perf_counter()
             handle.done.synchronize()
+            self.timings.wait_s += time.perf_counter() - t0
             tokens = handle.host_tokens.tolist()
         return self._output(handle.sampled, resolve(handle.pending, tokens))
 
