@@ -20,12 +20,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
     p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu | cuda[:N]")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--enforce-eager", action="store_true", default=None, help="cuda: no CUDA graphs")
     p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
-            "max_num_batched_tokens", "enable_prefix_caching", "seed"]
+            "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
+            "enforce_eager"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 

@@ -127,3 +127,22 @@ def test_cuda_prompt_longer_than_context_is_rejected_and_engine_keeps_serving():
     out = llm.generate({"prompt_token_ids": [5] * 30}, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 2
     assert_all_blocks_free(llm)
+
+
+def test_startup_warm_up_step_writes_no_kv():
+    # The CUDA runner runs the largest possible step on the live cache at startup (to reserve its
+    # memory before traffic arrives); it must leave every cached K/V untouched.
+    from inference.cuda_runner import run_largest_step
+    from inference.loader.model_loader import load_model
+    config = EngineConfig.load(**{"model": "random:tiny", "device": DEVICE, **KW, "max_num_batched_tokens": 24})
+    loaded = load_model(config.model)
+    if DEVICE == "cpu":
+        use_triton_kernels(loaded.model)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    shape = (8, 4, loaded.arch.num_key_value_heads, loaded.arch.head_dim)
+    kv = [(torch.randn(shape, generator=gen, device=DEVICE), torch.randn(shape, generator=gen, device=DEVICE))
+          for _ in range(loaded.arch.num_hidden_layers)]
+    before = [(k.clone(), v.clone()) for k, v in kv]
+    run_largest_step(loaded, config.scheduler, kv, write_kv=False)
+    for (k, v), (k0, v0) in zip(kv, before):
+        assert torch.equal(k, k0) and torch.equal(v, v0)
