@@ -176,6 +176,8 @@ class CudaModelRunner(ModelRunner):
     @torch.inference_mode()
     def _launch(self, sched: SchedulerOutput) -> StepHandle:
         """Stage inputs, run the model and queue sampling; returns before the device finishes."""
+        if self.copied is not None:
+            torch.cuda.set_device(self.device)     # per thread: the engine loop may run elsewhere
         items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
         num_decodes = sum(1 for it in items if it.num_scheduled_tokens == 1)
         num_tokens = sum(it.num_scheduled_tokens for it in items)
@@ -205,9 +207,10 @@ class CudaModelRunner(ModelRunner):
             if num_decodes:
                 meta.num_decodes = num_decodes
                 max_ctx = int(self.h_ctx[:num_decodes].max())
-                width = -(-max_ctx // self.block_size)
                 meta.decode_context_lens = self.h_ctx[:num_decodes].to(dev, non_blocking=True)
-                meta.decode_block_tables = self.h_tables[:num_decodes, :width].to(dev, non_blocking=True)
+                # Whole rows: the kernels see one row stride (max_blocks) in every step, so Triton
+                # never compiles another variant for a new width mid-serving.
+                meta.decode_block_tables = self.h_tables[:num_decodes].to(dev, non_blocking=True)
                 meta.num_splits = choose_num_splits(num_decodes, self.arch.num_key_value_heads, max_ctx,
                                                     self.num_sms)
             if self.copied is not None:
@@ -268,8 +271,7 @@ class CudaModelRunner(ModelRunner):
         for it in chunks:
             starts.append(starts[-1] + it.num_scheduled_tokens)
             ctx_lens.append(it.num_computed_tokens + it.num_scheduled_tokens)
-        width = -(-max(ctx_lens) // bs)
-        tables = np.zeros((len(chunks), width), dtype=np.int32)
+        tables = np.zeros((len(chunks), self.max_blocks), dtype=np.int32)   # fixed row stride (see decode)
         for i, (it, c) in enumerate(zip(chunks, ctx_lens)):
             nb = -(-c // bs)
             tables[i, :nb] = it.block_ids[:nb]

@@ -112,6 +112,16 @@ class LLMEngine:
         state = self.states.get(request_id)
         if state is None:
             return
+        ids = {child_id(request_id, i, state.params.n) for i in range(state.params.n)}
+        mine = [p for p in self._pending if p[0].request_id in ids]
+        if mine:
+            # Tokens sampled before the abort are delivered first (a sample that already ended by
+            # length or stop keeps that reason), and none stays behind for a later request that
+            # reuses this id. Their counts go to a throwaway stats object: at most one per sample.
+            self._pending = [p for p in self._pending if p[0].request_id not in ids]
+            for request, token, logprobs in mine:
+                if state.samples[self.children[request.request_id][1]].finish_reason is None:
+                    self._apply_token(request, token, logprobs, now(), IterationStats())
         t = now()
         for i in range(state.params.n):
             self.scheduler.finish_request(child_id(request_id, i, state.params.n), RequestStatus.FINISHED_ABORTED)

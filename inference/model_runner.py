@@ -45,6 +45,7 @@ def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
     """The runner for the model's device; on CUDA the KV cache is sized from free memory."""
     if loaded.device.type == "cuda":
         from inference.cuda_runner import CudaModelRunner, size_kv_cache
+        torch.cuda.set_device(loaded.device)     # cuda:N: kernels launch on the current device
         num_blocks = size_kv_cache(loaded, config.cache, config.scheduler)
         return CudaModelRunner(loaded, config.cache, config.scheduler, num_blocks, config.model.seed,
                                config.model.enforce_eager)

@@ -86,7 +86,8 @@ def _prefill_kernel(
     i = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # query rows of the chunk
     i_mask = i < q_len
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + (q_start + i)[:, None] * stride_qt + h * stride_qh + d[None, :],
+    rows = (q_start + i).to(tl.int64)            # a big step's T * stride can pass 2**31
+    q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
                 mask=i_mask[:, None], other=0.0)                           # [BLOCK_M, D]
     q_pos = prefix + i
 
@@ -104,7 +105,7 @@ def _prefill_kernel(
                                  scale_log2e, stride_cb, stride_cs, stride_ch,
                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_FP32)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(OUT + (q_start + i)[:, None] * stride_ot + h * stride_oh + d[None, :],
+    tl.store(OUT + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(OUT.dtype.element_ty), mask=i_mask[:, None])
 
 

@@ -51,3 +51,48 @@ def test_deferred_outputs_match_sequential():
     assert_all_blocks_free(deferred)
     stats = deferred.engine.last_stats
     assert stats.scheduler.num_running == 0
+
+
+def _run_until_done(engine) -> dict:
+    done = {}
+    while engine.has_unfinished():
+        for state in engine.step():
+            if state.finished:
+                done[state.request_id] = state.to_output()
+                engine.retire_aborted(state.request_id)
+    return done
+
+
+def test_abort_with_a_pending_token_then_reusing_the_id():
+    # A token sampled for "a" is still pending (delivered one step late) when "a" is aborted; a
+    # new request reusing the id "a" must not receive it and must run to its own end.
+    seq, deferred = engines()
+    greedy = dict(temperature=0, ignore_eos=True)
+    eng = deferred.engine
+    eng.add_request(eng.validate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=9, **greedy),
+                                 request_id="a"))
+    eng.step()
+    eng.step()
+    assert eng._pending, "the second step's token should still be pending"
+    eng.abort_request("a")
+    eng.retire_aborted("a")
+    second = {"prompt_token_ids": [9, 8, 7, 6]}
+    eng.add_request(eng.validate(second, SamplingParams(max_tokens=3, **greedy), request_id="a"))
+    got = _run_until_done(eng)["a"].outputs[0]
+    want = seq.generate(second, SamplingParams(max_tokens=3, **greedy), use_tqdm=False)[0].outputs[0]
+    assert (got.token_ids, got.finish_reason) == (want.token_ids, "length")
+    assert_all_blocks_free(deferred)
+
+
+def test_abort_after_the_last_token_was_sampled_keeps_the_finish_reason():
+    _, deferred = engines()
+    eng = deferred.engine
+    eng.add_request(eng.validate({"prompt_token_ids": [5, 6, 7]},
+                                 SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), request_id="b"))
+    while not eng._pending or eng.scheduler.has_unfinished():
+        eng.step()                              # until the final token is sampled but not delivered
+    eng.abort_request("b")
+    out = eng.states["b"].to_output().outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (2, "length")
+    eng.retire_aborted("b")
+    assert_all_blocks_free(deferred)
