@@ -11,9 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.attention import AttentionMetadata, PrefillChunk, bottom_right_causal_mask
+from inference.attention import (
+    AttentionMetadata,
+    PrefillChunk,
+    bottom_right_causal_mask,
+)
 from inference.config import CacheConfig, EngineConfig
 from inference.loader.model_loader import LoadedModel
+from inference.request import Request
 from inference.sampler import PendingSample, SamplerOutput, SamplingRow, resolve, sample
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -93,11 +98,13 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.arch.num_hidden_layers)]
         self.generators: dict[str, torch.Generator] = {}     # req_id -> its seeded generator
+        self.rows: dict[str, tuple[Request, SamplingRow]] = {}   # req_id -> (request, its sampling row)
         self.default_generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def remove_requests(self, req_ids) -> None:
         for req_id in req_ids:
             self.generators.pop(req_id, None)
+            self.rows.pop(req_id, None)
 
     def launch(self, sched: SchedulerOutput) -> StepHandle:
         t0 = time.perf_counter()
@@ -159,18 +166,28 @@ class ModelRunner:
         return out
 
     def _sampling_row(self, it: ScheduledRequest) -> SamplingRow:
+        """The request's SamplingRow, built once and reused while it runs (its token lists are the
+        request's own, which grow in place); only the min_tokens block list changes per step."""
         req, params = it.request, it.request.sampling_params
-        gen = None
-        if params.seed is not None and not params.is_greedy:
-            gen = self.generators.get(req.request_id)
-            if gen is None:
-                gen = self.generators[req.request_id] = torch.Generator(device=self.device).manual_seed(params.seed)
-        blocked = []
-        if req.num_output_tokens < params.min_tokens:
-            blocked = list(params.stop_token_ids or [])
-            if req.eos_token_id is not None and not params.ignore_eos:
-                blocked.append(req.eos_token_id)
-        return SamplingRow(params, req.prompt_token_ids, req.output_token_ids, gen, blocked)
+        cached = self.rows.get(req.request_id)
+        if cached is None or cached[0] is not req:
+            gen = None
+            if params.seed is not None and not params.is_greedy:
+                gen = self.generators.get(req.request_id)
+                if gen is None:
+                    gen = self.generators[req.request_id] = torch.Generator(device=self.device).manual_seed(
+                        params.seed)
+            cached = self.rows[req.request_id] = (req, SamplingRow(params, req.prompt_token_ids,
+                                                                   req.output_token_ids, gen, []))
+        row = cached[1]
+        if params.min_tokens:
+            blocked = []
+            if req.num_output_tokens < params.min_tokens:
+                blocked = list(params.stop_token_ids or [])
+                if req.eos_token_id is not None and not params.ignore_eos:
+                    blocked.append(req.eos_token_id)
+            row.blocked_token_ids = blocked
+        return row
 
     def _attention_metadata(self, items: list[ScheduledRequest], slot_mapping: torch.Tensor) -> AttentionMetadata:
         dev, bs = self.device, self.block_size

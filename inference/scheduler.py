@@ -18,7 +18,7 @@ from inference.config import SchedulerConfig
 from inference.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """What the runner needs to compute one request's tokens this step."""
     request: Request

@@ -89,6 +89,7 @@ def test_preemption_under_cache_pressure_keeps_outputs():
     got = [o.outputs[0].token_ids for o in small.generate(ps, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in ref.generate(ps, params, use_tqdm=False)]
     assert got == want
+    assert small.engine.scheduler.num_preemptions > 0, "the cache was meant to be too small"
     assert_all_blocks_free(small)
 
 
