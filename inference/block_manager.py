@@ -142,6 +142,10 @@ class BlockManager:
     def free(self, request: Request, num_valid_tokens: int | None = None) -> None:
         """Release every block of `request` (finish, abort or preemption). Idempotent.
 
+        A request that runs on after this must count a preemption (`num_preemptions += 1`): the
+        CUDA runner re-stages a block-table row only when the request, its table length or that
+        count changes (tables otherwise only grow).
+
         `num_valid_tokens`: only that many tokens' KV was written (a step was cancelled); hashes
         registered for blocks past them are forgotten so no later request can hit them.
         """
