@@ -43,7 +43,7 @@ def kernel_llm(**kw) -> LLM:
 def reference_llm(ours: LLM, **kw) -> LLM:
     """The PyTorch reference runner on the CPU, with `ours`'s weights (random weights drawn on a
     GPU differ from the CPU's for the same seed)."""
-    ref = LLM("random:tiny", device="cpu", **{**KW, **kw})
+    ref = LLM(ours.config.model.model, device="cpu", **{**KW, **kw})
     with torch.no_grad():
         for mine, theirs in zip(ref.engine.runner.model.parameters(), ours.engine.runner.model.parameters(),
                                 strict=True):
@@ -61,13 +61,15 @@ def prompts(n: int, seed: int) -> list[dict]:
     return out
 
 
-def test_greedy_tokens_and_logprobs_match_reference():
+@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-gqa"])   # head_dim 16 GQA 2; 128 GQA 4
+def test_greedy_tokens_and_logprobs_match_reference(model):
     ps = prompts(6, seed=1)
     params = [SamplingParams(max_tokens=random.Random(i).randint(1, 9), temperature=0, ignore_eos=True, logprobs=2)
               for i in range(len(ps))]
     # a small token budget: prompts are split into chunks, decodes and chunks share steps
-    ours = kernel_llm(max_num_batched_tokens=24)
-    ref = reference_llm(ours, max_num_batched_tokens=24)
+    kv = dict(kv_cache_memory_bytes=8 << 20) if model.endswith("gqa") else {}
+    ours = kernel_llm(model=model, max_num_batched_tokens=24, **kv)
+    ref = reference_llm(ours, max_num_batched_tokens=24, **kv)
     assert isinstance(ours.engine.runner, CudaModelRunner)
     assert type(ours.engine.runner.model.norm).__name__ == "TritonRMSNorm"
     got = ours.generate(ps, params, use_tqdm=False)

@@ -18,6 +18,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2),
+    # Real attention shapes at test size: head_dim 128, GQA 4:1, block-crossing contexts.
+    "tiny-gqa": dict(model_type="llama", vocab_size=512, hidden_size=512, intermediate_size=768,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                     max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=500000.0,
+                     bos_token_id=1, eos_token_id=2),
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
