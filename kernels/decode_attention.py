@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import LOG2E, dot, dot_fp32
+from kernels.triton_utils import LOG2E, check_paged_attention_inputs, dot, dot_fp32
 
 
 @triton.jit
@@ -127,20 +127,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """q [B, H, D], caches [NB, BS, Hkv, D], block_tables [B, max_blocks] int32, context_lens [B]
     int32 (each >= 1) -> out [B, H, D] in q's dtype. The new token's K/V must already be cached."""
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"decode_attention: want q [B, H, D] and equal caches [NB, BS, Hkv, D]; got "
-                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
-    batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"decode_attention: head_dim {head_dim} vs cache {cache_dim}, "
-                         f"{num_heads} heads not a multiple of {num_kv_heads} KV heads")
-    if head_dim & (head_dim - 1) or head_dim < 16:
-        raise ValueError(f"decode_attention: head_dim must be a power of two >= 16, got {head_dim}")
-    if q.stride(2) != 1 or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
-        raise ValueError("decode_attention: q and the caches need a contiguous last dim and equal cache strides")
-    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"decode_attention: dtypes differ: q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
+    num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
+        "decode_attention", q, k_cache, v_cache)
+    batch = q.shape[0]
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or context_lens.shape != (batch,):
         raise ValueError(f"decode_attention: block_tables {tuple(block_tables.shape)} / context_lens "
                          f"{tuple(context_lens.shape)} do not match batch {batch}")

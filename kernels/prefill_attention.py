@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import LOG2E, dot, dot_fp32
+from kernels.triton_utils import LOG2E, check_paged_attention_inputs, dot, dot_fp32
 
 
 @triton.jit
@@ -115,20 +115,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_m: int = 128, block_n: int = 64, num_warps: int = 8,
                       num_stages: int = 2) -> torch.Tensor:
     """See the module docstring. Returns out [T, H, D] in q's dtype; max_query_len bounds the grid."""
-    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"prefill_attention: want q [T, H, D] and equal caches [NB, BS, Hkv, D]; got "
-                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
-    num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"prefill_attention: head_dim {head_dim} vs cache {cache_dim}, "
-                         f"{num_heads} heads not a multiple of {num_kv_heads} KV heads")
-    if head_dim & (head_dim - 1) or head_dim < 16:
-        raise ValueError(f"prefill_attention: head_dim must be a power of two >= 16, got {head_dim}")
-    if q.stride(2) != 1 or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
-        raise ValueError("prefill_attention: q and the caches need a contiguous last dim and equal cache strides")
-    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"prefill_attention: dtypes differ: q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
+    num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
+        "prefill_attention", q, k_cache, v_cache)
+    num_tokens = q.shape[0]
     num_seqs = context_lens.shape[0]
     if (block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or query_start.shape != (num_seqs + 1,)
             or block_tables.stride(1) != 1):

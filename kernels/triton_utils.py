@@ -22,3 +22,24 @@ def dot_fp32(t: torch.Tensor) -> bool:
     """Triton 3.9's CPU interpreter computes bf16/fp16 tl.dot wrongly (off by ~1e10); on CPU
     tensors (interpreter only) the kernels upcast dot operands to fp32. GPUs use the 16-bit dot."""
     return t.device.type == "cpu" and t.dtype != torch.float32
+
+
+def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tensor,
+                                 v_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """Shared checks of the attention wrappers: q [T, H, D] (last dim contiguous) and equal paged
+    caches [NB, BS, Hkv, D] of q's dtype. Returns (num_heads, head_dim, block_size, num_kv_heads)."""
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"{name}: want q [T, H, D] and equal caches [NB, BS, Hkv, D]; got "
+                         f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"{name}: head_dim {head_dim} vs cache {cache_dim}, "
+                         f"{num_heads} heads not a multiple of {num_kv_heads} KV heads")
+    if head_dim & (head_dim - 1) or head_dim < 16:
+        raise ValueError(f"{name}: head_dim must be a power of two >= 16, got {head_dim}")
+    if q.stride(2) != 1 or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError(f"{name}: q and the caches need a contiguous last dim and equal cache strides")
+    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"{name}: dtypes differ: q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
+    return num_heads, head_dim, block_size, num_kv_heads
