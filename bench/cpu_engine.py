@@ -185,6 +185,8 @@ def cpu_model() -> str:
 
 
 def git_commit() -> str:
+    if os.environ.get("GIT_COMMIT"):        # e.g. the GPU device's copy of the tree has a stale .git
+        return os.environ["GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()

@@ -20,10 +20,8 @@ import argparse
 import datetime as dt
 import gc
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -33,6 +31,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cpu_engine import git_commit  # noqa: E402
+from serve import pct  # noqa: E402
 
 from inference import SamplingParams  # noqa: E402
 from inference.llm import LLM  # noqa: E402
@@ -246,7 +248,6 @@ def weight_bytes_per_token(llm: LLM) -> int:
 
 def decode_bench(llm: LLM, copy_bw: float, vocab: int, n_tokens: int) -> dict:
     arch = llm.engine.arch
-    prompt = random_prompts(1, [128], vocab, seed=1)
     llm.generate(random_prompts(1, [128], vocab, seed=2), SamplingParams(max_tokens=16, temperature=0,
                                                                          ignore_eos=True), use_tqdm=False)
     rates = []
@@ -255,7 +256,6 @@ def decode_bench(llm: LLM, copy_bw: float, vocab: int, n_tokens: int) -> dict:
         o = llm.generate(p, SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True), use_tqdm=False)[0]
         m = o.metrics
         rates.append((len(o.outputs[0].token_ids) - 1) / (m.last_token_time - m.first_token_time))
-    del prompt
     rate = statistics.median(rates)
     kv_per_token = arch.kv_bytes_per_token(2)
     mean_ctx = 128 + n_tokens / 2
@@ -354,12 +354,10 @@ def serve_bench(model: str, engine_kw: dict, vocab: int, rate: float, n: int) ->
     ttft = sorted(r["ttft"] for r in results)
     itl = sorted(x for r in results for x in r["itl"])
 
-    def pct(xs, p):
-        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1e3
-
     slowest = sorted(results, key=lambda r: -r["ttft"])[:5]
-    out = {"rate": rate, "requests": n, "wall_s": wall, "ttft_ms": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
-           "itl_ms": {"p50": pct(itl, 50), "p99": pct(itl, 99)}, "engine": engine_kw,
+    out = {"rate": rate, "requests": n, "wall_s": wall,
+           "ttft_ms": {"p50": pct(ttft, 50) * 1e3, "p99": pct(ttft, 99) * 1e3},
+           "itl_ms": {"p50": pct(itl, 50) * 1e3, "p99": pct(itl, 99) * 1e3}, "engine": engine_kw,
            "slowest_ttft": [{"ttft_ms": r["ttft"] * 1e3, "arrived_s": r["at"], "prompt_tokens": r["prompt"]}
                             for r in slowest]}
     log(f"  slowest TTFTs: {out['slowest_ttft']}")
@@ -471,15 +469,6 @@ def print_table(res: dict) -> None:
             s = r["serve"]
             log(f"{name} serve {s['rate']} req/s: TTFT p99 {s['ttft_ms']['p99']:.1f} ms, "
                 f"ITL p99 {s['itl_ms']['p99']:.1f} ms")
-
-
-def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):        # the device's copy of the tree may carry a stale .git
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return os.environ.get("GIT_COMMIT", "unknown")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from inference.config import CacheConfig, SchedulerConfig
 from inference.loader.model_loader import LoadedModel
 from inference.model_runner import ModelRunner, StepHandle, kv_bytes_per_block, num_kv_blocks
 from inference.models.triton_layers import KernelAttentionMetadata
-from inference.sampler import SamplingRow, sample, sample_on_device
+from inference.sampler import SamplingRow, list_to_device, sample, sample_on_device
 from inference.sampling_params import SamplingParams
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from kernels.decode_attention import SPLIT_CHOICES, choose_num_splits
@@ -200,7 +200,7 @@ class CudaModelRunner(ModelRunner):
             graph.replay()
             logits = logits[:num_tokens]
             if len(sample_rows) != num_tokens:
-                logits = logits[self._rows_on_device(sample_rows)]
+                logits = logits[list_to_device(sample_rows, torch.long, dev)]
         else:
             ids = self.h_ids[:rows].to(dev, non_blocking=True)
             pos = self.h_pos[:rows].to(dev, non_blocking=True)
@@ -222,7 +222,7 @@ class CudaModelRunner(ModelRunner):
             if not sample_rows:
                 return StepHandle(output=ModelRunnerOutput())
             if len(sample_rows) != rows:
-                hidden = hidden[self._rows_on_device(sample_rows)]
+                hidden = hidden[list_to_device(sample_rows, torch.long, dev)]
             logits = self.model.compute_logits(hidden)
         sampled = [it for it in items if it.needs_sample]
         pending = sample_on_device(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
@@ -234,10 +234,6 @@ class CudaModelRunner(ModelRunner):
             handle.done.record()
         return handle
 
-    def _rows_on_device(self, rows: list[int]) -> torch.Tensor:
-        if self.copied is None:
-            return torch.tensor(rows, device=self.device)
-        return torch.tensor(rows, pin_memory=True).to(self.device, non_blocking=True)
 
     def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int, rows: int) -> list[int]:
         """Token ids, positions, slots (and decode block tables / context lengths) into the pinned

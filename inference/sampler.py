@@ -75,7 +75,7 @@ def resolve(pending: PendingSample, token_ids: list[int] | None = None) -> Sampl
     return SamplerOutput(tokens, logprobs)
 
 
-def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def list_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list as a device tensor without a sync: pageable copies to CUDA wait for the
     stream to drain, pinned non-blocking ones don't."""
     if device.type != "cuda":
@@ -88,13 +88,13 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, row in enumerate(rows):
         p = row.params
         if p.repetition_penalty != 1.0:
-            seen = _on_device(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), torch.long,
+            seen = list_to_device(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), torch.long,
                               logits.device)
             seen = seen[seen < vocab]
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
-            counts = torch.bincount(_on_device(row.output_token_ids, torch.long, logits.device),
+            counts = torch.bincount(list_to_device(row.output_token_ids, torch.long, logits.device),
                                     minlength=vocab)[:vocab]
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
@@ -105,10 +105,10 @@ def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow], default_generato
     if not random_idx:
         return result
     all_random = len(random_idx) == len(rows)
-    idx = None if all_random else _on_device(random_idx, torch.long, logits.device)
+    idx = None if all_random else list_to_device(random_idx, torch.long, logits.device)
     sub = logits if all_random else logits[idx]                          # [R, vocab]
     sub_rows = [rows[i] for i in random_idx]
-    temps = _on_device([r.params.temperature for r in sub_rows], sub.dtype, sub.device)
+    temps = list_to_device([r.params.temperature for r in sub_rows], sub.dtype, sub.device)
     sub.div_(temps[:, None])
     _filter_top_k_top_p_min_p(sub, sub_rows)
     probs = torch.softmax(sub, dim=-1)
@@ -128,9 +128,9 @@ def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow], default_generato
 def _filter_top_k_top_p_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     vocab = logits.shape[-1]
     dev = logits.device
-    top_k = _on_device([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], torch.long, dev)
-    top_p = _on_device([r.params.top_p for r in rows], logits.dtype, dev)
-    min_p = _on_device([r.params.min_p for r in rows], logits.dtype, dev)
+    top_k = list_to_device([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], torch.long, dev)
+    top_p = list_to_device([r.params.top_p for r in rows], logits.dtype, dev)
+    min_p = list_to_device([r.params.min_p for r in rows], logits.dtype, dev)
     if any(r.params.min_p > 0 for r in rows):
         probs = torch.softmax(logits, dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
