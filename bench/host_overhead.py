@@ -62,7 +62,7 @@ def main() -> None:
                                max_num_batched_tokens=8192, kv_cache_memory_bytes=256 << 20)
     with patch("inference.engine.build_runner", stub_runner):
         llm = LLM.from_config(config)
-    llm.engine.overlap_outputs = True                      # as on CUDA
+    llm.engine.async_scheduling = True                    # as on CUDA
     rng = random.Random(0)
     prompts = [{"prompt_token_ids": [rng.randrange(3, 500) for _ in range(128)]} for _ in range(1000)]
     params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)

@@ -171,11 +171,11 @@ class CudaModelRunner(ModelRunner):
         log.info("captured %d decode graphs (batch %s) in %.1f s", len(sizes), sizes, time.perf_counter() - start)
 
     # ---- one step ----------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collect(self.launch(sched))
+    def execute(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> ModelRunnerOutput:
+        return self.collect(self.launch(sched, prev))
 
     @torch.inference_mode()
-    def _launch(self, sched: SchedulerOutput) -> StepHandle:
+    def _launch(self, sched: SchedulerOutput, prev: StepHandle | None) -> StepHandle:
         """Stage inputs, run the model and queue sampling; returns before the device finishes."""
         if self.copied is not None:
             torch.cuda.set_device(self.device)     # per thread: the engine loop may run elsewhere
@@ -188,7 +188,7 @@ class CudaModelRunner(ModelRunner):
         rows = graph_batch or num_tokens
         if self.copied is not None:
             self.copied.synchronize()              # last step's copies have read the staging buffers
-        sample_rows = self._stage_inputs(items, num_decodes, rows)
+        sample_rows, waiting_rows = self._stage_inputs(items, num_decodes, rows)
         dev = self.device
         if graph_batch is not None:
             for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
@@ -196,6 +196,7 @@ class CudaModelRunner(ModelRunner):
             self.d_ctx[:rows].copy_(self.h_ctx[:rows], non_blocking=True)
             self.d_tables[:rows].copy_(self.h_tables[:rows], non_blocking=True)
             self.copied.record()                   # graphs only exist on CUDA
+            self._take_prev_tokens(self.d_ids, waiting_rows, items, prev)
             graph, logits = self.graphs[graph_batch]
             graph.replay()
             logits = logits[:num_tokens]
@@ -216,6 +217,7 @@ class CudaModelRunner(ModelRunner):
                                                     self.num_sms)
             if self.copied is not None:
                 self.copied.record()
+            self._take_prev_tokens(ids, waiting_rows, items, prev)
             if num_decodes < len(items):
                 self._prefill_meta(items[num_decodes:], meta)
             hidden = self.model(ids, pos, self.kv_caches, meta)
@@ -235,16 +237,24 @@ class CudaModelRunner(ModelRunner):
         return handle
 
 
-    def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int, rows: int) -> list[int]:
+    def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int,
+                      rows: int) -> tuple[list[int], list[int]]:
         """Token ids, positions, slots (and decode block tables / context lengths) into the pinned
-        staging buffers; returns the flat-batch rows that sample."""
+        staging buffers; returns the flat-batch rows that sample, and the decode rows whose input
+        token is the previous step's sample, still on the device (async scheduling)."""
         ids, pos, slots = self.h_ids.numpy(), self.h_pos.numpy(), self.h_slots.numpy()
         ctx, tables = self.h_ctx.numpy(), self.h_tables.numpy()
         bs, nd = self.block_size, num_decodes
         decodes = items[:nd]
         # decodes: one token each, staged column-wise (a few bulk numpy writes, not 5 per row)
         starts = [it.num_computed_tokens for it in decodes]
-        ids[:nd] = [it.request.all_token_ids[p] for it, p in zip(decodes, starts)]
+        known = [p < len(it.request.all_token_ids) for it, p in zip(decodes, starts)]
+        if all(known):
+            ids[:nd] = [it.request.all_token_ids[p] for it, p in zip(decodes, starts)]
+            waiting_rows = []
+        else:
+            ids[:nd] = [it.request.all_token_ids[p] if k else 0 for it, p, k in zip(decodes, starts, known)]
+            waiting_rows = [i for i, k in enumerate(known) if not k]
         pos[:nd] = starts
         slots[:nd] = [it.block_ids[p // bs] * bs + p % bs for it, p in zip(decodes, starts)]
         ctx[:nd] = pos[:nd] + 1
@@ -271,7 +281,23 @@ class CudaModelRunner(ModelRunner):
                 sample_rows.append(t - 1)
         if rows > t:                               # graph padding rows
             ids[t:rows], pos[t:rows], slots[t:rows], ctx[nd:rows] = 0, 0, -1, 1
-        return sample_rows
+        return sample_rows, waiting_rows
+
+    def _take_prev_tokens(self, d_ids: torch.Tensor, waiting_rows: list[int], items: list[ScheduledRequest],
+                          prev: StepHandle | None) -> None:
+        """Copy the previous step's sampled tokens into the rows that take them as input, on the
+        device (queued after that step, so no host sync)."""
+        if not waiting_rows:
+            return
+        src_of = {id(it.request): i for i, it in enumerate(prev.sampled)}
+        src = [src_of[id(items[r].request)] for r in waiting_rows]
+        n = len(src)
+        if waiting_rows[-1] == n - 1 and src == waiting_rows:        # the common case: rows 0..n-1 in order
+            d_ids[:n] = prev.pending.token_ids[:n]
+            return
+        dev = self.device
+        d_ids[list_to_device(waiting_rows, torch.long, dev)] = prev.pending.token_ids[
+            list_to_device(src, torch.long, dev)]
 
     def _prefill_meta(self, chunks: list[ScheduledRequest], meta: KernelAttentionMetadata) -> None:
         bs, dev = self.block_size, self.device

@@ -13,12 +13,12 @@ from typing import Any
 from inference.block_manager import BlockManager
 from inference.config import EngineConfig
 from inference.loader.model_loader import load_model
-from inference.model_runner import build_runner
+from inference.model_runner import StepHandle, build_runner
 from inference.output_processor import RequestState, child_id, now
 from inference.outputs import StreamDelta
 from inference.request import Request, RequestStatus
 from inference.sampling_params import SamplingParams
-from inference.scheduler import Scheduler
+from inference.scheduler import Scheduler, SchedulerOutput
 from inference.stats import EngineStats, FinishedRequestStats, IterationStats
 
 PromptType = str | dict[str, Any]
@@ -52,9 +52,9 @@ class LLMEngine:
         self.children: dict[str, tuple[str, int]] = {}            # child req_id -> (parent, index)
         self._ids = itertools.count()
         self._finished: list[FinishedRequestStats] = []        # retired since the last step's stats
-        # (request, token, logprobs) sampled by the last step, not yet handed to output states
-        self._pending: list[tuple[Request, int, Any]] = []
-        self.overlap_outputs = self.runner.overlaps
+        # the launched step whose tokens are not collected yet: (its schedule, the runner's handle)
+        self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
+        self.async_scheduling = self.runner.overlaps
         self.last_stats: EngineStats | None = None
 
     # ---- inputs --------------------------------------------------------------------------
@@ -108,57 +108,60 @@ class LLMEngine:
                 eos_token_id=self.eos_token_id, max_tokens=max_tokens, priority=req.priority))
 
     def abort_request(self, request_id: str) -> None:
-        """Abort every sample of a request; its blocks return to the pool now."""
+        """Abort every sample of a request; its blocks return to the pool now (a step still in
+        flight for it only writes KV that nobody reads, and its token is dropped)."""
         state = self.states.get(request_id)
         if state is None:
             return
-        ids = {child_id(request_id, i, state.params.n) for i in range(state.params.n)}
-        mine = [p for p in self._pending if p[0].request_id in ids]
-        if mine:
-            # Tokens sampled before the abort are delivered first (a sample that already ended by
-            # length or stop keeps that reason), and none stays behind for a later request that
-            # reuses this id. Their counts go to a throwaway stats object: at most one per sample.
-            self._pending = [p for p in self._pending if p[0].request_id not in ids]
-            for request, token, logprobs in mine:
-                if state.samples[self.children[request.request_id][1]].finish_reason is None:
-                    self._apply_token(request, token, logprobs, now(), IterationStats())
         t = now()
         for i in range(state.params.n):
             self.scheduler.finish_request(child_id(request_id, i, state.params.n), RequestStatus.FINISHED_ABORTED)
             state.finish(i, "abort", None, t)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # ---- the loop ------------------------------------------------------------------------
     def step(self) -> list[RequestState]:
         """One engine step. Returns the states that changed (call `take_deltas` / `to_output`).
 
-        With an overlapping runner (CUDA) the step's host work is split around the device work:
+        With async scheduling (an overlapping runner: CUDA) the device never waits for the host
+        between steps: step N+1 is scheduled and launched while step N still runs, and only then
+        are N's tokens collected and processed (detokenised, checked for stops, streamed):
 
-            schedule N | launch N | outputs of N-1 (detokenize, stop strings, stream) | collect N
-                                    '--------- while the device computes N ---------'
+            schedule N+1 | launch N+1 | collect N | outputs of N
+                                 '-- device: N, then N+1 --'
 
-        so a step's tokens reach their streams one engine step later (sooner when the engine goes
-        idle). A stop string found then finishes a request that is already in step N; that step's
-        token for it is dropped (the scheduler skips requests that are no longer running).
+        A decode in N+1 takes its input token from N's device output. A request that N finishes
+        (EOS, stop string) has one wasted token computed in N+1, which is dropped. Requests with
+        penalties need their previous token on the host, so a step with one waits for N first.
         """
         t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
-        it = IterationStats(num_scheduled_tokens=sched.total_num_scheduled_tokens)
+        it = IterationStats()
         changed: dict[str, RequestState] = {}
-        handle = None if sched.is_empty else self.runner.launch(sched)
-        if handle is None or self.overlap_outputs:
-            self._apply_pending(changed, it)
-        if handle is not None:
-            result = self.runner.collect(handle)
-            for item in sched.scheduled:           # prompt tokens computed this step
-                end = min(item.request.num_prompt_tokens, item.num_computed_tokens + item.num_scheduled_tokens)
-                it.num_prompt_tokens += max(0, end - item.num_computed_tokens)
-            self._pending = [(r, r.output_token_ids[-1], result.logprobs.get(r.request_id))
-                             for r in self.scheduler.update_from_output(sched, result)]
-            if not self.overlap_outputs:
-                self._apply_pending(changed, it)
+        inflight, self._inflight = self._inflight, None
+        sched = None
+        try:
+            if inflight is not None and (not self.async_scheduling or self._needs_host_tokens(inflight[0])):
+                self._finish_step(*inflight, changed, it)
+                inflight = None
+            sched = self.scheduler.schedule()
+            it.num_scheduled_tokens = sched.total_num_scheduled_tokens
+            if not sched.is_empty:
+                handle = self.runner.launch(sched, prev=inflight[1] if inflight else None)
+                self._inflight = (sched, handle)
+            if inflight is not None:
+                self._finish_step(*inflight, changed, it)
+            if self._inflight is not None and not self.async_scheduling:
+                self._finish_step(*self._inflight, changed, it)
+                self._inflight = None
+        except BaseException:
+            # Neither step's KV can be trusted: undo their scheduling (the caller aborts them).
+            for failed in (sched, inflight and inflight[0]):
+                if failed:
+                    self.scheduler.rollback(failed)
+            self._inflight = None
+            raise
         for state in changed.values():
             if state.finished:
                 self._retire(state)
@@ -167,14 +170,24 @@ class LLMEngine:
         self.last_stats = EngineStats(self.scheduler.stats(), it)
         return list(changed.values())
 
-    def _apply_pending(self, changed: dict[str, RequestState], it: IterationStats) -> None:
+    @staticmethod
+    def _needs_host_tokens(sched: SchedulerOutput) -> bool:
+        return any(item.needs_sample and item.request.sampling_params.needs_penalties for item in sched.scheduled)
+
+    def _finish_step(self, sched: SchedulerOutput, handle, changed: dict[str, RequestState],
+                     it: IterationStats) -> None:
+        """Wait for a launched step's tokens and hand them to the scheduler and output states."""
+        result = self.runner.collect(handle)
+        for item in sched.scheduled:           # prompt tokens computed this step
+            end = min(item.request.num_prompt_tokens, item.num_computed_tokens + item.num_scheduled_tokens)
+            it.num_prompt_tokens += max(0, end - item.num_computed_tokens)
         t = now()
-        pending, self._pending = self._pending, []
-        for request, token, logprobs in pending:
+        for request in self.scheduler.update_from_output(sched, result):
             parent, index = self.children.get(request.request_id, (None, 0))
             if parent is None or self.states[parent].samples[index].finish_reason is not None:
                 continue                           # aborted (and maybe retired) since it was sampled
-            state = self._apply_token(request, token, logprobs, t, it)
+            state = self._apply_token(request, request.output_token_ids[-1],
+                                      result.logprobs.get(request.request_id), t, it)
             changed[state.request_id] = state
 
     def _apply_token(self, request: Request, token: int, logprobs, t: float, it: IterationStats) -> RequestState:

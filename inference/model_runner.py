@@ -80,8 +80,8 @@ class RunnerTimings:
 
 
 class ModelRunner:
-    # True when launch() returns before the device finishes, so the engine can do host work
-    # (output processing of the previous step) while the device computes this one.
+    # True when launch() returns before the device finishes, so the engine schedules and
+    # launches the next step, and processes this one's outputs, while the device computes.
     overlaps = False
 
     def __init__(self, loaded: LoadedModel, cache: CacheConfig, num_blocks: int, seed: int = 0):
@@ -106,15 +106,17 @@ class ModelRunner:
             self.generators.pop(req_id, None)
             self.rows.pop(req_id, None)
 
-    def launch(self, sched: SchedulerOutput) -> StepHandle:
+    def launch(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
+        """Start a step. `prev`: the step before it when that one is not collected yet (async
+        scheduling); a decode whose input token it sampled takes the token from it."""
         t0 = time.perf_counter()
-        handle = self._launch(sched)
+        handle = self._launch(sched, prev)
         self.timings.num_steps += 1
         self.timings.launch_s += time.perf_counter() - t0
         return handle
 
-    def _launch(self, sched: SchedulerOutput) -> StepHandle:
-        return StepHandle(output=self.execute(sched))
+    def _launch(self, sched: SchedulerOutput, prev: StepHandle | None) -> StepHandle:
+        return StepHandle(output=self.execute(sched, prev))
 
     def collect(self, handle: StepHandle) -> ModelRunnerOutput:
         if handle.output is not None:
@@ -128,12 +130,14 @@ class ModelRunner:
         return self._output(handle.sampled, resolve(handle.pending, tokens))
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> ModelRunnerOutput:
         items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
         input_ids, positions, slots, sample_rows = [], [], [], []
         for it in items:
             start, n = it.num_computed_tokens, it.num_scheduled_tokens
             input_ids.extend(it.request.all_token_ids[start:start + n])
+            if len(input_ids) < len(positions) + n:    # its last token is prev's sample, not back yet
+                input_ids.append(prev.output.sampled_token_ids[it.request.request_id])
             pos = range(start, start + n)
             positions.extend(pos)
             bs, table = self.block_size, it.block_ids
@@ -182,7 +186,9 @@ class ModelRunner:
         row = cached[1]
         if params.min_tokens:
             blocked = []
-            if req.num_output_tokens < params.min_tokens:
+            # the token sampled now is output number num_output_tokens + placeholders - 1 (the
+            # placeholders count this step's token and, under async scheduling, the last step's)
+            if req.num_output_tokens + req.num_placeholders - 1 < params.min_tokens:
                 blocked = list(params.stop_token_ids or [])
                 if req.eos_token_id is not None and not params.ignore_eos:
                     blocked.append(req.eos_token_id)

@@ -52,6 +52,9 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1           # prefix-cache hit on first scheduling (-1: not yet)
     num_preemptions: int = 0
+    # tokens sampled by launched steps that have not come back yet (async scheduling schedules
+    # the next step before the last one's token is known; at most 2, one per step in flight)
+    num_placeholders: int = 0
     block_hashes: list[bytes] = field(default_factory=list)   # one per full block of all_token_ids
     stop_reason: str | int | None = None
     first_scheduled_time: float | None = None

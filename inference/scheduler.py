@@ -6,6 +6,11 @@ then waiting requests are admitted in policy order with their prefix-cache hit a
 rest of their prompt chunked into what is left of the budget. When blocks run out, the
 lowest-priority running request (the newest under FCFS) is preempted: its blocks are freed and it
 goes back to the front of the waiting queue to be recomputed later. Nothing here touches tensors.
+
+`num_computed_tokens` advances when a step is scheduled, and a step that samples leaves a
+placeholder for its token until `update_from_output` fills it in. So the next step can be
+scheduled while this one still runs on the device (async scheduling): a decode's input is then
+the previous step's sampled token, which the runner takes from that step's device output.
 """
 from __future__ import annotations
 
@@ -112,9 +117,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0:            # nothing to compute (cannot happen after sampling)
-                i += 1
+            num_new = min(request.num_tokens + request.num_placeholders - request.num_computed_tokens, budget)
+            if num_new <= 0 or self._ends_with_placeholders(request):
+                i += 1                  # nothing to compute, or it finishes with a token in flight
                 continue
             if bm.allocate_slots(request, num_new):
                 self._schedule(out, request, num_new)
@@ -160,18 +165,30 @@ class Scheduler:
         updated = []
         for item in out.scheduled:
             request = item.request
-            if request.status != RequestStatus.RUNNING:
-                continue                      # aborted while the step ran
-            request.num_computed_tokens += item.num_scheduled_tokens
-            token = result.sampled_token_ids.get(request.request_id)
-            if token is None:
+            if not item.needs_sample:
                 continue
+            if request.status == RequestStatus.RUNNING:
+                request.num_placeholders -= 1
+            elif request.status != RequestStatus.PREEMPTED:
+                continue                      # finished or aborted since it was scheduled
+            # else preempted with this token in flight (async scheduling): keep it, as the
+            # sequential loop would have before preempting; the recompute then includes it
+            token = result.sampled_token_ids[request.request_id]
             request.append_output_token(token)
             status = self._check_stop(request, token)
             if status is not None:
                 self.finish_request(request.request_id, status)
             updated.append(request)
         return updated
+
+    def rollback(self, out: SchedulerOutput) -> None:
+        """Undo the scheduling of a step that failed (its KV was never written), so that freeing
+        its requests forgets the prefix-cache hashes of their unwritten blocks."""
+        for item in out.scheduled:
+            request = item.request
+            if request.status == RequestStatus.RUNNING:
+                request.num_computed_tokens = min(request.num_computed_tokens, item.num_computed_tokens)
+                request.num_placeholders = 0
 
     def stats(self) -> SchedulerStats:
         bm = self.block_manager
@@ -180,14 +197,24 @@ class Scheduler:
 
     # ---- internals -----------------------------------------------------------------------
     def _schedule(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        computed = request.num_computed_tokens
+        needs_sample = computed + num_new == request.num_tokens + request.num_placeholders
         out.scheduled.append(ScheduledRequest(
             request=request,
-            num_computed_tokens=request.num_computed_tokens,
+            num_computed_tokens=computed,
             num_scheduled_tokens=num_new,
             block_ids=list(self.block_manager.block_table(request.request_id)),
-            needs_sample=request.num_computed_tokens + num_new == request.num_tokens,
+            needs_sample=needs_sample,
         ))
         out.total_num_scheduled_tokens += num_new
+        request.num_computed_tokens = computed + num_new
+        request.num_placeholders += needs_sample
+
+    def _ends_with_placeholders(self, request: Request) -> bool:
+        """Its tokens in flight take it to max_tokens or the model's length: nothing to schedule."""
+        return request.num_placeholders > 0 and (
+            request.num_output_tokens + request.num_placeholders >= request.max_tokens
+            or request.num_tokens + request.num_placeholders >= self.max_model_len)
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -203,12 +230,14 @@ class Scheduler:
             if item.request is request:
                 num_unscheduled = item.num_scheduled_tokens
                 out.total_num_scheduled_tokens -= num_unscheduled
+                request.num_computed_tokens = item.num_computed_tokens     # its step won't run
                 del out.scheduled[k]
                 break
         # Blocks its cancelled step registered in the prefix cache will never be written.
         self.block_manager.free(request, num_valid_tokens=request.num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_placeholders = 0          # a token in flight is still appended when it arrives
         request.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_req_ids.append(request.request_id)

@@ -133,11 +133,11 @@ def test_failing_step_fails_its_requests_not_the_loop(tiny, monkeypatch):
     real = runner.execute
     calls = {"n": 0}
 
-    def flaky(sched):
+    def flaky(sched, prev=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("simulated device fault")
-        return real(sched)
+        return real(sched, prev)
 
     monkeypatch.setattr(runner, "execute", flaky)
     deltas = list(tiny.add_request("doomed", SamplingParams(n=2, max_tokens=5, ignore_eos=True)))
@@ -155,7 +155,7 @@ def test_fatal_device_error_stops_the_loop_and_reports_not_alive(monkeypatch):
     # requests in flight end with the error, is_alive() turns false and new requests are refused.
     engine = OnlineEngine("random:tiny", dtype="float32", max_model_len=128, kv_cache_memory_bytes=4 << 20)
     try:
-        def broken(sched):
+        def broken(sched, prev=None):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
         monkeypatch.setattr(engine.engine.runner, "execute", broken)

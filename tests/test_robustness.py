@@ -34,11 +34,11 @@ def test_failed_step_leaves_no_unwritten_blocks_in_prefix_cache(online):
     runner, calls = online.engine.runner, {"n": 0}
     real = runner.execute
 
-    def flaky(sched):
+    def flaky(sched, prev=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("simulated out of memory")
-        return real(sched)
+        return real(sched, prev)
 
     runner.execute = flaky
     assert _drain(online.add_request(PROMPT, GREEDY))[1] == "abort"
