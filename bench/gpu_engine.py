@@ -274,7 +274,19 @@ def decode_bench(llm: LLM, copy_bw: float, vocab: int, n_tokens: int) -> dict:
     return out
 
 
-def throughput_bench(llm: LLM, vocab: int, n128: int, n_mixed: int) -> dict:
+def profiled(fn, top: int = 30):
+    """fn() under cProfile: (its result, the top functions by own time as text)."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    result = prof.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return result, text.getvalue()
+
+
+def throughput_bench(llm: LLM, vocab: int, n128: int, n_mixed: int, profile: bool = False) -> dict:
     out = {}
     llm.generate(random_prompts(64, [128] * 64, vocab, seed=3),
                  SamplingParams(max_tokens=32, temperature=0, ignore_eos=True), use_tqdm=False)
@@ -293,7 +305,11 @@ def throughput_bench(llm: LLM, vocab: int, n128: int, n_mixed: int) -> dict:
         timings = llm.engine.runner.timings
         before = (timings.num_steps, timings.launch_s, timings.wait_s)
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        if profile and name == "128_128":        # host hot spots (the wall time then includes cProfile's cost)
+            outs, out["profile_128_128"] = profiled(lambda: llm.generate(prompts, params, use_tqdm=False))
+            log(out["profile_128_128"])
+        else:
+            outs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - t0
         steps, launch_s, wait_s = (a - b for a, b in zip((timings.num_steps, timings.launch_s, timings.wait_s),
                                                          before))
@@ -392,6 +408,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="no HF peer (quick checks only)")
     ap.add_argument("--kernel-parts", default="decode,prefill")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile the 128/128 throughput run's host work")
     args = ap.parse_args()
     if args.quick:
         args.num_requests, args.num_mixed, args.decode_tokens, args.serve_requests = 200, 50, 128, 40
@@ -427,7 +444,7 @@ def main() -> None:
                 r["decode"] = decode_bench(llm, copy_bw, vocab, args.decode_tokens)
                 r["decode"]["hf_tok_s"] = r.get("hf", {}).get("bs1_decode_tok_s")
             if "throughput" in sections:
-                r["throughput"] = throughput_bench(llm, vocab, args.num_requests, args.num_mixed)
+                r["throughput"] = throughput_bench(llm, vocab, args.num_requests, args.num_mixed, args.profile)
                 if "hf" in r:
                     r["throughput"]["vs_hf_best"] = r["throughput"]["128_128"]["output_tok_s"] / r["hf"]["best_tok_s"]
             del llm

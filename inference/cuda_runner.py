@@ -309,7 +309,12 @@ class CudaModelRunner(ModelRunner):
         for i, (it, c) in enumerate(zip(chunks, ctx_lens)):
             nb = -(-c // bs)
             tables[i, :nb] = it.block_ids[:nb]
-        meta.prefill_block_tables = torch.from_numpy(tables).to(dev)
-        meta.prefill_query_start = torch.tensor(starts, dtype=torch.int32, device=dev)
-        meta.prefill_context_lens = torch.tensor(ctx_lens, dtype=torch.int32, device=dev)
+        # Pinned, non-blocking: a pageable copy would wait for the device to finish the step in
+        # flight (async scheduling) -- it cost 10 ms per prefill step on the H200.
+        if dev.type == "cuda":
+            meta.prefill_block_tables = torch.from_numpy(tables).pin_memory().to(dev, non_blocking=True)
+        else:
+            meta.prefill_block_tables = torch.from_numpy(tables)
+        meta.prefill_query_start = list_to_device(starts, torch.int32, dev)
+        meta.prefill_context_lens = list_to_device(ctx_lens, torch.int32, dev)
         meta.max_query_len = max(it.num_scheduled_tokens for it in chunks)
