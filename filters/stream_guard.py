@@ -1,0 +1,99 @@
+"""Compliance for text that arrives in pieces (a streamed reply): banned terms masked, PII
+replaced by placeholders, and nothing released that a later piece could turn into a match.
+
+The guard holds back a tail window at least as long as the longest banned term and the longest
+PII it redacts, and never releases text up to the middle of a match. Each piece scans only the
+held window plus a little released context (for word boundaries), and only once every
+`release_every` characters, so a reply of n characters costs O(n * window / release_every),
+never a rescan of everything so far.
+
+    released ........|  context  |        held window         |<- new piece
+                     '-- scanned, not re-released ------------'
+"""
+from __future__ import annotations
+
+from filters.banned_words import BannedWordFilter, mask_spans
+from filters.pii import MAX_PII_LEN, PLACEHOLDERS, find_pii
+
+_CONTEXT = 16          # released characters kept for boundary checks (word edges, lookbehinds)
+
+
+def sanitize_spans(text: str, banned: BannedWordFilter | None, pii: bool) -> list[tuple[int, int, str | None]]:
+    """Spans to replace: (start, end, placeholder), placeholder None = mask with '*'. Spans that
+    overlap are merged; a merged span that holds PII takes the PII's placeholder."""
+    spans = []
+    if banned is not None:
+        spans += [(m.start, m.end, None) for m in banned.find(text)]
+    if pii:
+        spans += [(f.start, f.end, PLACEHOLDERS[f.kind]) for f in find_pii(text)]
+    spans.sort()
+    merged: list[list] = []
+    for start, end, repl in spans:
+        if merged and start < merged[-1][1]:
+            last = merged[-1]
+            last[1] = max(last[1], end)
+            last[2] = last[2] or repl
+        else:
+            merged.append([start, end, repl])
+    return [tuple(m) for m in merged]
+
+
+def apply_spans(text: str, spans, offset: int = 0) -> str:
+    parts, at = [], 0
+    for start, end, repl in spans:
+        start, end = start - offset, end - offset
+        parts.append(text[at:start])
+        parts.append(repl if repl is not None else mask_spans(text[start:end], [(0, end - start)]))
+        at = end
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def sanitize(text: str, banned: BannedWordFilter | None, pii: bool = True) -> str:
+    """The whole-text version of what StreamGuard releases piece by piece."""
+    return apply_spans(text, sanitize_spans(text, banned, pii))
+
+
+class StreamGuard:
+    def __init__(self, banned: BannedWordFilter | None, pii: bool = True, release_every: int = 16):
+        """release_every: scan only once this many characters beyond the window are held (about
+        4 tokens), so each character is scanned a few times rather than once per piece."""
+        if release_every < 1:
+            raise ValueError(f"release_every: must be >= 1, got {release_every}")
+        self.banned, self.pii, self.release_every = banned, pii, release_every
+        term = banned.max_term_len + 1 if banned is not None else 0
+        self.window = max(term, MAX_PII_LEN if pii else 0)
+        self._context = ""       # the last released raw characters
+        self._held = ""          # raw text not released yet
+        self.num_masked = 0      # spans replaced so far
+        self.kinds: set[str] = set()
+
+    def feed(self, piece: str) -> str:
+        """Add a piece of the reply; returns the text that is now safe to show (maybe '')."""
+        self._held += piece
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The end of the reply: releases the rest."""
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        held = self._held
+        cut = len(held) if final else len(held) - self.window
+        if cut <= 0 or (not final and cut < self.release_every):
+            return ""
+        ctx = self._context
+        text = ctx + held
+        spans = [s for s in sanitize_spans(text, self.banned, self.pii) if s[1] > len(ctx)]
+        cut += len(ctx)
+        for start, end, _ in spans:           # never release up to the middle of a match
+            if start < cut < end:
+                cut = start
+        cut = max(cut, len(ctx))
+        done = [s for s in spans if s[1] <= cut and s[0] >= len(ctx)]
+        self.num_masked += len(done)
+        self.kinds.update("banned" if repl is None else repl for _, _, repl in done)
+        out = apply_spans(text[len(ctx):cut], done, offset=len(ctx))
+        self._context = text[max(len(ctx), cut - _CONTEXT):cut] if cut > len(ctx) else ctx
+        self._held = text[cut:]
+        return out
