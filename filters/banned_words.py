@@ -33,6 +33,8 @@ class BannedWordFilter:
             if not isinstance(term, str) or not term.strip():
                 raise ValueError(f"banned words: every term must be a non-empty string, got {term!r}")
             folded, _ = fold(term.strip())
+            if not folded.strip():
+                raise ValueError(f"banned words: {term!r} is only invisible characters")
             if folded in seen:
                 continue
             seen.add(folded)

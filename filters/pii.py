@@ -38,7 +38,11 @@ def _card_len(s: str) -> int | None:
     """Length of the longest prefix of digit groups (13-19 digits) that passes Luhn: a card
     number followed by another number ("4111 1111 1111 1111 10 units") is still found."""
     groups = re.findall(r"\d+[ -]?", s)
-    for n in range(len(groups), 0, -1):
+    num_digits, limit = 0, 0            # only prefixes of at most 19 digits: linear in the run
+    while limit < len(groups) and num_digits + len(groups[limit].rstrip(" -")) <= 19:
+        num_digits += len(groups[limit].rstrip(" -"))
+        limit += 1
+    for n in range(limit, 0, -1):
         head = "".join(groups[:n]).rstrip(" -")
         digits = re.sub(r"\D", "", head)
         if 13 <= len(digits) <= 19 and _luhn_ok(digits):
@@ -60,6 +64,20 @@ _CN_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 def _cn_id_ok(s: str) -> bool:
     total = sum(int(c) * w for c, w in zip(s[:17], _CN_ID_WEIGHTS))
     return "10X98765432"[total % 11] == s[17].upper()
+
+
+_DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}")
+
+
+def _phone_ok(s: str) -> bool:
+    """International (+, or an area code in parentheses) with 7-15 digits, else a national number
+    of 10-15 digits written with separators, or a Chinese mobile number; never a date."""
+    num_digits = sum(c.isdigit() for c in s)
+    if _DATE.fullmatch(s) or not 7 <= num_digits <= 15:
+        return False
+    if s.startswith(("+", "(")):
+        return True
+    return (num_digits >= 10 and any(c in " .-" for c in s)) or re.fullmatch(r"1[3-9]\d{9}", s) is not None
 
 
 def _ip_ok(s: str) -> bool:
@@ -85,8 +103,7 @@ _PATTERNS = [
     ("ip", re.compile(r"(?<![\w:.])(?=[0-9A-Fa-f:]*:[0-9A-Fa-f:]*:)[0-9A-Fa-f:]{2,39}(?![\w:])"), _ip_ok),
     # phones: +country or a national number with separators; 7-15 digits (E.164's limit)
     ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]?\d{2,4}){1,4}(?![\w])"),
-     lambda s: 7 <= sum(c.isdigit() for c in s) <= 15 and (s.startswith(("+", "(")) or any(c in " .-" for c in s)
-                                                           or re.fullmatch(r"1[3-9]\d{9}", s) is not None)),
+     lambda s: _phone_ok(s)),
 ]
 
 PLACEHOLDERS = {"email": "[EMAIL]", "phone": "[PHONE]", "card": "[CARD]", "iban": "[IBAN]",

@@ -13,6 +13,7 @@ never a rescan of everything so far.
 from __future__ import annotations
 
 from filters.banned_words import BannedWordFilter, mask_spans
+from filters.normalize import fold_char
 from filters.pii import MAX_PII_LEN, PLACEHOLDERS, find_pii
 
 _CONTEXT = 16          # released characters kept for boundary checks (word edges, lookbehinds)
@@ -79,21 +80,38 @@ class StreamGuard:
 
     def _release(self, final: bool) -> str:
         held = self._held
-        cut = len(held) if final else len(held) - self.window
+        cut = len(held) if final else _tail_start(held, self.window)
         if cut <= 0 or (not final and cut < self.release_every):
             return ""
         ctx = self._context
         text = ctx + held
-        spans = [s for s in sanitize_spans(text, self.banned, self.pii) if s[1] > len(ctx)]
+        # A span reaching back into the released context is clipped to its held part and still
+        # replaced: what is left of a match is never shown, even if its start already was.
+        spans = [(max(s, len(ctx)), e, r) for s, e, r in sanitize_spans(text, self.banned, self.pii) if e > len(ctx)]
         cut += len(ctx)
         for start, end, _ in spans:           # never release up to the middle of a match
             if start < cut < end:
                 cut = start
         cut = max(cut, len(ctx))
-        done = [s for s in spans if s[1] <= cut and s[0] >= len(ctx)]
+        done = [s for s in spans if s[1] <= cut]
         self.num_masked += len(done)
         self.kinds.update("banned" if repl is None else repl for _, _, repl in done)
         out = apply_spans(text[len(ctx):cut], done, offset=len(ctx))
         self._context = text[max(len(ctx), cut - _CONTEXT):cut] if cut > len(ctx) else ctx
         self._held = text[cut:]
         return out
+
+
+def _tail_start(held: str, window: int) -> int:
+    """Index where the tail of `held` that folds to `window` characters starts (0 if shorter):
+    the window counts folded characters, so zero-width characters and whitespace runs, which
+    fold to nothing or one space, cannot stretch a term past it."""
+    n, i = 0, len(held)
+    while i > 0 and n < window:
+        i -= 1
+        c = held[i]
+        if c.isspace():
+            n += not (i > 0 and held[i - 1].isspace())
+        else:
+            n += len(fold_char(c))
+    return i if n >= window else 0

@@ -55,3 +55,8 @@ def test_bad_lists_are_rejected(tmp_path, monkeypatch):
     monkeypatch.setenv("BANNED_WORDS_PATH", str(own))
     assert BannedWordFilter.from_file().terms == ["zorblax"]
     assert DEFAULT_PATH.exists()
+
+
+def test_a_term_of_only_invisible_characters_is_rejected():
+    with pytest.raises(ValueError, match="invisible"):
+        BannedWordFilter(["ok", "\u200b"])

@@ -43,3 +43,13 @@ def test_findings_do_not_overlap_and_keep_order():
     text = "a@b.co 4111111111111111 10.0.0.1"
     kinds = [f.kind for f in find_pii(text)]
     assert kinds == ["email", "card", "ip"]
+
+
+@pytest.mark.parametrize("text", ["on 2024-03-15", "on 12.03.2024", "zip 94103-1234", "Your PIN 1234 5678"])
+def test_dates_and_short_numbers_are_not_phones(text):
+    assert find_pii(text) == []
+
+
+def test_long_digit_runs_stay_cheap():
+    # prefixes past 19 digits are never tried, so a pasted wall of numbers is linear work
+    assert find_pii("1 " * 20000) == []

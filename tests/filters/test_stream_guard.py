@@ -78,3 +78,22 @@ def test_without_pii_only_terms_are_masked(banned):
     assert guard.window == banned.max_term_len + 1
     got, _ = run(guard, pieces(REPLY, random.Random(1)))
     assert "li.wei@example.com" in got and "COUNTERFEIT" not in got
+
+
+FILLER = " We will keep you posted about the delivery." * 4
+
+
+@pytest.mark.parametrize("text, pii_on, terms", [
+    ("xxxx Paid $12.99 11010519491231002X. " + FILLER, True, None),   # a digit run starting in released text
+    ("counter" + "\u200b" * 100 + "feit" + FILLER, True, None),       # invisible padding longer than the window
+    ("fake" + " " * 100 + "reviews" + FILLER, True, None),            # whitespace padding
+    ("b\u200b\u200b\u200b\u200bad ok" + FILLER, False, ["bad"]),
+])
+def test_streams_that_stretch_matches_past_the_window(banned, text, pii_on, terms):
+    flt = BannedWordFilter(terms) if terms else banned
+    want = sanitize(text, flt, pii_on)
+    for size in (1, 2, 3, 5, 8, 16):
+        got, _ = run(StreamGuard(flt, pii=pii_on), [text[i:i + size] for i in range(0, len(text), size)])
+        for secret in ("11010519491231002X", "feit", "reviews", "ad ok"):
+            if secret not in want:
+                assert secret not in got, (size, got)
