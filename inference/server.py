@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
+from inference.engine import check_messages
 from inference.online_engine import OnlineEngine, RequestStream
 from inference.openai_protocol import (APIError, ParsedRequest, chat_logprobs, completion_logprobs, parse_chat,
                                        parse_completion, usage)
@@ -91,7 +92,8 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     metrics = EngineMetrics(model_name=config.served_model_name)
     app.extensions["inference"] = {"config": config, "metrics": metrics, "admission": threading.Lock(),
-                                   "holder": EngineHolder(engine_loader, lambda e: e.add_stats_listener(metrics.observe))}
+                                   "holder": EngineHolder(engine_loader, lambda e: e.add_stats_listener(metrics.observe)),
+                                   "embedder": None, "embedder_lock": threading.Lock()}
     app.register_blueprint(bp)
 
     @app.errorhandler(APIError)
@@ -160,6 +162,54 @@ def models():
     engine, name = _ctx()["holder"].get(), _ctx()["config"].served_model_name
     return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                               "owned_by": "support-inference", "max_model_len": engine.max_model_len}]})
+
+
+@bp.post("/v1/embeddings")
+def embeddings():
+    """OpenAI's embeddings API over the sentence embedder (all-MiniLM-L6-v2), loaded on first use."""
+    from inference.embeddings import EMBEDDING_MODEL, check_inputs
+    body = _body()
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    if body.get("model") not in (None, EMBEDDING_MODEL):
+        raise APIError(404, f"model {body.get('model')!r} does not exist; embeddings come from {EMBEDDING_MODEL!r}",
+                       param="model", code="model_not_found")
+    try:
+        texts = check_inputs(body.get("input"))
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="input") from None
+    embedder = _embedder()
+    vecs = embedder.embed(texts)
+    num_tokens = sum(embedder.count_tokens(t) for t in texts)
+    return _json({"object": "list", "model": EMBEDDING_MODEL,
+                  "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vecs)],
+                  "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+
+
+@bp.post("/tokenize")
+def tokenize():
+    """vLLM's /tokenize: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}."""
+    body, engine = _body(), _ctx()["holder"].get()
+    if not isinstance(body, dict) or not (isinstance(body.get("prompt"), str) or "messages" in body):
+        raise APIError(400, "tokenize: send {'prompt': str} or {'messages': [...]}")
+    try:
+        if "messages" in body:
+            check_messages(body["messages"])
+            ids = engine.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+        else:
+            ids = engine.tokenizer.encode(body["prompt"])
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+    return _json({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
+
+
+def _embedder():
+    ctx = _ctx()
+    with ctx["embedder_lock"]:
+        if ctx.get("embedder") is None:
+            from inference.embeddings import SentenceEmbedder
+            ctx["embedder"] = SentenceEmbedder()
+        return ctx["embedder"]
 
 
 @bp.post("/v1/completions")

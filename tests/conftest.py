@@ -44,3 +44,21 @@ def assert_all_blocks_free(llm) -> None:
     assert not bm.req_to_blocks
     assert not llm.engine.scheduler.has_unfinished()
     assert not llm.engine.states
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    """The real all-MiniLM-L6-v2 from the offline wheel (loads in ~7 s, once per run)."""
+    from inference.embeddings import SentenceEmbedder
+    return SentenceEmbedder()
+
+
+@pytest.fixture(scope="session")
+def tiny_client(embedder):
+    """An in-process inference client: the real engine on the tiny random model (fast, its text is
+    noise) and the real sentence embedder."""
+    from pipelines.inference_client import InProcessClient
+    client = InProcessClient("random:tiny", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=32 << 20)
+    client._embedder = embedder
+    yield client
+    client.close()

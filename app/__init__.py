@@ -1,0 +1,87 @@
+"""The product's web app: the support-chat API and widget (and, in `python -m app serve`, the
+engine's OpenAI-compatible routes beside it).
+
+    create_app(config=None) -> Flask
+
+config keys (defaults from the environment): REDIS_URL (sessions + Celery broker; in-process
+store and eager tasks without it), SESSION_TTL, MAX_MESSAGE_CHARS, KB_PATH, KB_CACHE_DIR,
+INTENTS_PATH, BANNED_WORDS_PATH, TENANTS_PATH, ENGINE_ARGS (for the in-process engine).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flask import Flask, abort, jsonify, send_from_directory
+
+from app.chat import bp as chat_bp
+from app.services import ChatServices
+from app.store import MemoryStore, RedisStore
+from app.tasks import celery_init_app
+from app.tenants import TenantRegistry
+
+KB_DIR_DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "kb"
+
+
+def create_app(config: dict | None = None, client=None) -> Flask:
+    """`client`: an inference client to use instead of the one from the environment."""
+    app = Flask(__name__, static_folder="static")
+    redis_url = os.environ.get("REDIS_URL")
+    app.config.update(
+        REDIS_URL=redis_url, SESSION_TTL=int(os.environ.get("SESSION_TTL", 7 * 24 * 3600)),
+        MAX_MESSAGE_CHARS=4000, MAX_CONTENT_LENGTH=64 * 1024,
+        KB_PATH=os.environ.get("KB_PATH"), KB_CACHE_DIR=os.environ.get("KB_CACHE_DIR"),
+        INTENTS_PATH=os.environ.get("INTENTS_PATH"), BANNED_WORDS_PATH=os.environ.get("BANNED_WORDS_PATH"),
+        TENANTS_PATH=os.environ.get("TENANTS_PATH"), ENGINE_ARGS={},
+    )
+    app.config.update(config or {})
+    url = app.config["REDIS_URL"]
+    app.config.setdefault("CELERY", {"broker_url": url, "result_backend": url, "task_always_eager": not url,
+                                      "task_ignore_result": False, "task_acks_late": True,
+                                      "task_reject_on_worker_lost": True, "broker_connection_retry_on_startup": True})
+    celery_init_app(app)
+    ttl = app.config["SESSION_TTL"]
+    app.extensions["support_chat"] = {
+        "store": RedisStore(url, ttl) if url else MemoryStore(ttl),
+        "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
+        "services": ChatServices(app.config, client),
+    }
+    app.register_blueprint(chat_bp)
+
+    @app.get("/")
+    def demo():
+        return send_from_directory(Path(__file__).resolve().parent / "templates", "demo.html")
+
+    @app.get("/kb/<path:name>")
+    def kb_article(name: str):
+        """The help-centre article a citation points to (Markdown as plain text)."""
+        kb_dir = Path(app.config["KB_PATH"] or KB_DIR_DEFAULT)
+        if not name.endswith(".md"):
+            abort(404)
+        return send_from_directory(kb_dir, name, mimetype="text/markdown; charset=utf-8")
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify({"status": "ok"})
+
+    @app.errorhandler(404)
+    def _not_found(_exc):
+        return jsonify({"error": "not found"}), 404
+
+    @app.errorhandler(405)
+    def _not_allowed(_exc):
+        return jsonify({"error": "method not allowed"}), 405
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc):
+        from werkzeug.exceptions import HTTPException
+        if isinstance(exc, HTTPException):
+            return jsonify({"error": exc.description}), exc.code
+        app.logger.exception("unhandled error")
+        return jsonify({"error": "internal error"}), 500
+
+    @app.errorhandler(413)
+    def _too_large(_exc):
+        return jsonify({"error": f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes"}), 413
+
+    return app

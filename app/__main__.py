@@ -1,0 +1,53 @@
+"""python -m app serve --host 127.0.0.1 --port 8000
+
+One process serves the product on the embedded default: the widget demo at /, the support-chat
+API at /api/chat, the help-centre articles at /kb, and the engine's OpenAI-compatible routes
+under /inference (e.g. /inference/v1/chat/completions), all sharing one in-process engine
+(unless INFERENCE_URL points at a separate inference service).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def serve(args: argparse.Namespace) -> int:
+    import waitress
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    from app import create_app
+    from pipelines.inference_client import InProcessClient, client_from_env
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = client_from_env()
+    web = create_app(client=client)
+    mounts = {}
+    if isinstance(client, InProcessClient):
+        from inference.server import ServerConfig, create_app as create_inference_app
+        mounts["/inference"] = create_inference_app(lambda: client.engine, ServerConfig(served_model_name=client.model))
+    app = DispatcherMiddleware(web, mounts)
+    base = f"http://{args.host}:{args.port}"
+    print(f"Support chat demo:   {base}/\nChat API:            {base}/api/chat  (X-Site-Key: demo-site-key)\n"
+          + (f"OpenAI-compatible:   {base}/inference/v1  (model {client.model})\n" if mounts else
+             f"Inference service:   {os.environ.get('INFERENCE_URL')}\n"), flush=True)
+    waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
+                   channel_request_lookahead=1, connection_limit=args.threads + 64, channel_timeout=300,
+                   ident="support-app")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("serve", help="serve the web app (and the in-process engine)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--threads", type=int, default=64)
+    args = parser.parse_args(argv)
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The support-chat API (what the widget and integrators call). Requests carry the tenant's site
+key in X-Site-Key; browsers may only call from the tenant's allowed origins.
+
+    POST /api/chat/sessions                      -> {"session_id"}
+    POST /api/chat/sessions/<id>/messages        {"content", "stream"} -> reply JSON or SSE
+    GET  /api/chat/sessions/<id>                 -> {"messages", "status"}
+    POST /api/chat/sessions/<id>/feedback        {"message_index", "rating", "comment"}
+    POST /api/chat/sessions/<id>/handoff         -> {"status": "pending_human"}
+
+Only cleaned text (PII redacted, banned terms masked) is stored, logged or sent to the model.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import asdict
+
+from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
+
+from filters.pii import redact_pii
+from pipelines.support_chat import ChatReply
+
+log = logging.getLogger(__name__)
+bp = Blueprint("chat", __name__, url_prefix="/api/chat")
+_SID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@bp.errorhandler(ApiError)
+def _api_error(exc: ApiError):
+    return jsonify({"error": exc.message}), exc.status
+
+
+def _ext() -> dict:
+    return current_app.extensions["support_chat"]
+
+
+@bp.before_request
+def _tenant_and_origin():
+    origin = request.headers.get("Origin")
+    registry = _ext()["tenants"]
+    if request.method == "OPTIONS":                  # CORS preflight: no site key is sent with it
+        if origin and not registry.any_allows_origin(origin):
+            raise ApiError(403, f"origin {origin} is not allowed")
+        return Response(status=204)
+    key = request.headers.get("X-Site-Key", "")
+    if not key:
+        raise ApiError(401, "missing X-Site-Key header")
+    tenant = registry.by_site_key(key)
+    if tenant is None:
+        raise ApiError(403, "invalid site key")
+    if origin and not tenant.allows_origin(origin):
+        raise ApiError(403, f"origin {origin} is not allowed for this site key")
+    g.tenant = tenant
+
+
+@bp.after_request
+def _cors(resp: Response):
+    origin = request.headers.get("Origin")
+    if origin and (getattr(g, "tenant", None) is None or g.tenant.allows_origin(origin)) \
+            and _ext()["tenants"].any_allows_origin(origin):
+        resp.headers["Access-Control-Allow-Origin"] = origin
+        resp.headers["Access-Control-Allow-Headers"] = "Content-Type, X-Site-Key"
+        resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+        resp.headers["Vary"] = "Origin"
+    return resp
+
+
+def _json_body() -> dict:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _session(sid: str) -> str:
+    if not _SID.match(sid) or not _ext()["store"].exists(g.tenant.tenant.tenant_id, sid):
+        raise ApiError(404, "unknown or expired session")
+    return sid
+
+
+@bp.post("/sessions")
+def create_session():
+    sid = _ext()["store"].create(g.tenant.tenant.tenant_id)
+    return jsonify({"session_id": sid}), 201
+
+
+@bp.get("/sessions/<sid>")
+def get_session(sid: str):
+    tid = g.tenant.tenant.tenant_id
+    store = _ext()["store"]
+    _session(sid)
+    meta = store.meta(tid, sid) or {}
+    return jsonify({"messages": store.messages(tid, sid), "status": meta.get("status", "open"),
+                    "handoff_summary": meta.get("handoff_summary")})
+
+
+@bp.post("/sessions/<sid>/messages")
+def post_message(sid: str):
+    tid = g.tenant.tenant.tenant_id
+    store, services = _ext()["store"], _ext()["services"]
+    _session(sid)
+    body = _json_body()
+    content, stream = body.get("content"), body.get("stream", False)
+    limit = current_app.config["MAX_MESSAGE_CHARS"]
+    if not isinstance(content, str) or not content.strip():
+        raise ApiError(400, "content: must be a non-empty string")
+    if len(content) > limit:
+        raise ApiError(413, f"content: {len(content)} characters, at most {limit}")
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream: must be true or false")
+    chat = services.chat
+    clean, blocked = chat.clean_input(content.strip(), g.tenant.tenant)
+    history = store.messages(tid, sid)
+    store.append(tid, sid, {"role": "user", "content": clean, "time": time.time()})
+    events = chat.respond(g.tenant.tenant, history, clean, blocked)
+
+    def finish(reply: ChatReply) -> dict:
+        record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
+                  "time": time.time()}
+        index = store.append(tid, sid, record)
+        if reply.handoff:
+            _start_handoff(tid, sid)
+        out = {k: v for k, v in asdict(reply).items() if k != "blocked"}
+        out["message_index"] = index
+        return out
+
+    if not stream:
+        reply = None
+        for kind, value in events:
+            if kind == "done":
+                reply = value
+        return jsonify(finish(reply))
+
+    def sse():
+        try:
+            for kind, value in events:
+                if kind == "token":
+                    yield f"event: token\ndata: {json.dumps({'text': value}, ensure_ascii=False)}\n\n"
+                else:
+                    yield f"event: done\ndata: {json.dumps(finish(value), ensure_ascii=False)}\n\n"
+        except Exception as exc:                      # the stream has started: report in-band
+            log.exception("chat turn failed")
+            yield f"event: error\ndata: {json.dumps({'error': type(exc).__name__})}\n\n"
+
+    return Response(stream_with_context(sse()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@bp.post("/sessions/<sid>/feedback")
+def feedback(sid: str):
+    tid = g.tenant.tenant.tenant_id
+    store = _ext()["store"]
+    _session(sid)
+    body = _json_body()
+    index, rating, comment = body.get("message_index"), body.get("rating"), body.get("comment", "")
+    messages = store.messages(tid, sid)
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(messages) \
+            or messages[index]["role"] != "assistant":
+        raise ApiError(400, "message_index: must be the index of an assistant message in this session")
+    if rating not in ("up", "down"):
+        raise ApiError(400, "rating: must be 'up' or 'down'")
+    if not isinstance(comment, str) or len(comment) > 2000:
+        raise ApiError(400, "comment: must be a string of at most 2000 characters")
+    store.add_feedback(tid, sid, {"message_index": index, "rating": rating, "comment": redact_pii(comment)[0],
+                                  "time": time.time()})
+    return jsonify({"ok": True})
+
+
+@bp.post("/sessions/<sid>/handoff")
+def handoff(sid: str):
+    tid = g.tenant.tenant.tenant_id
+    _session(sid)
+    _start_handoff(tid, sid)
+    return jsonify({"status": "pending_human"})
+
+
+def _start_handoff(tid: str, sid: str) -> None:
+    store = _ext()["store"]
+    if (store.meta(tid, sid) or {}).get("status") == "pending_human":
+        return
+    store.set_meta(tid, sid, status="pending_human")
+    from app.tasks import start, summarize_handoff
+    start(summarize_handoff, tid, sid)

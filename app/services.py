@@ -1,0 +1,40 @@
+"""What the chat routes need, built once per app and lazily (the embedder and the engine take
+seconds to load): the inference client, intent detector, knowledge base and banned-word list."""
+from __future__ import annotations
+
+import threading
+
+from filters.banned_words import BannedWordFilter
+from pipelines.inference_client import InferenceClient, client_from_env
+from pipelines.intent import IntentDetector, load_intents
+from pipelines.knowledge_base import KnowledgeBase
+from pipelines.support_chat import SupportChat
+
+
+class ChatServices:
+    def __init__(self, config: dict, client: InferenceClient | None = None):
+        self.config = config
+        self._client = client
+        self._chat: SupportChat | None = None
+        self._lock = threading.Lock()
+        self.banned = BannedWordFilter.from_file(config.get("BANNED_WORDS_PATH"))
+
+    @property
+    def client(self) -> InferenceClient:
+        with self._lock:
+            if self._client is None:
+                self._client = client_from_env(**self.config.get("ENGINE_ARGS", {}))
+            return self._client
+
+    @property
+    def chat(self) -> SupportChat:
+        client = self.client
+        with self._lock:
+            if self._chat is None:
+                detector = IntentDetector(load_intents(self.config.get("INTENTS_PATH")), client.embed)
+                kb = KnowledgeBase(client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
+                self._chat = SupportChat(client, detector, kb, self.banned,
+                                         temperature=self.config.get("CHAT_TEMPERATURE", 0.7),
+                                         max_tokens=self.config.get("CHAT_MAX_TOKENS", 512),
+                                         prompt_budget=self.config.get("CHAT_PROMPT_BUDGET", 1400))
+            return self._chat

@@ -1,0 +1,120 @@
+"""Chat sessions and their history: Redis when REDIS_URL is set, else in process.
+
+Every key carries the tenant id, so a session id from one tenant never opens another tenant's
+session (the lookup simply misses). Sessions expire `ttl` seconds after their last write.
+
+    chat:{tenant}:{session}:meta      hash  status, created, handoff_summary
+    chat:{tenant}:{session}:messages  list  JSON messages, oldest first
+    chat:{tenant}:{session}:feedback  list  JSON feedback records
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+
+
+def _key(tenant: str, sid: str, part: str) -> str:
+    return f"chat:{tenant}:{sid}:{part}"
+
+
+class RedisStore:
+    def __init__(self, url: str, ttl: int = 7 * 24 * 3600):
+        import redis
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.ttl = ttl
+
+    def create(self, tenant: str) -> str:
+        sid = secrets.token_urlsafe(16)
+        with self.r.pipeline() as p:
+            p.hset(_key(tenant, sid, "meta"), mapping={"status": "open", "created": f"{time.time():.3f}"})
+            p.expire(_key(tenant, sid, "meta"), self.ttl)
+            p.execute()
+        return sid
+
+    def exists(self, tenant: str, sid: str) -> bool:
+        return bool(self.r.exists(_key(tenant, sid, "meta")))
+
+    def meta(self, tenant: str, sid: str) -> dict | None:
+        meta = self.r.hgetall(_key(tenant, sid, "meta"))
+        return meta or None
+
+    def messages(self, tenant: str, sid: str) -> list[dict]:
+        return [json.loads(m) for m in self.r.lrange(_key(tenant, sid, "messages"), 0, -1)]
+
+    def append(self, tenant: str, sid: str, message: dict) -> int:
+        """Appends; returns the message's index."""
+        keys = [_key(tenant, sid, p) for p in ("meta", "messages")]
+        with self.r.pipeline() as p:
+            p.rpush(keys[1], json.dumps(message, ensure_ascii=False))
+            for k in keys:
+                p.expire(k, self.ttl)
+            n = p.execute()[0]
+        return n - 1
+
+    def set_meta(self, tenant: str, sid: str, **fields: str) -> None:
+        self.r.hset(_key(tenant, sid, "meta"), mapping=fields)
+
+    def add_feedback(self, tenant: str, sid: str, record: dict) -> None:
+        k = _key(tenant, sid, "feedback")
+        with self.r.pipeline() as p:
+            p.rpush(k, json.dumps(record, ensure_ascii=False))
+            p.expire(k, self.ttl)
+            p.execute()
+
+    def feedback(self, tenant: str, sid: str) -> list[dict]:
+        return [json.loads(m) for m in self.r.lrange(_key(tenant, sid, "feedback"), 0, -1)]
+
+
+class MemoryStore:
+    """The embedded default's store: same interface, same tenant-scoped keys, in this process."""
+
+    def __init__(self, ttl: int = 7 * 24 * 3600):
+        self.ttl = ttl
+        self._data: dict[str, dict] = {}          # "tenant:sid" -> {"meta", "messages", "feedback", "expires"}
+        self._lock = threading.Lock()
+
+    def _get(self, tenant: str, sid: str) -> dict | None:
+        item = self._data.get(f"{tenant}:{sid}")
+        if item is not None and item["expires"] < time.time():
+            self._data.pop(f"{tenant}:{sid}", None)
+            return None
+        return item
+
+    def create(self, tenant: str) -> str:
+        sid = secrets.token_urlsafe(16)
+        with self._lock:
+            self._data[f"{tenant}:{sid}"] = {"meta": {"status": "open", "created": f"{time.time():.3f}"},
+                                             "messages": [], "feedback": [], "expires": time.time() + self.ttl}
+        return sid
+
+    def exists(self, tenant: str, sid: str) -> bool:
+        return self._get(tenant, sid) is not None
+
+    def meta(self, tenant: str, sid: str) -> dict | None:
+        item = self._get(tenant, sid)
+        return dict(item["meta"]) if item else None
+
+    def messages(self, tenant: str, sid: str) -> list[dict]:
+        item = self._get(tenant, sid)
+        return [dict(m) for m in item["messages"]] if item else []
+
+    def append(self, tenant: str, sid: str, message: dict) -> int:
+        with self._lock:
+            item = self._get(tenant, sid)
+            item["messages"].append(dict(message))
+            item["expires"] = time.time() + self.ttl
+            return len(item["messages"]) - 1
+
+    def set_meta(self, tenant: str, sid: str, **fields: str) -> None:
+        with self._lock:
+            self._get(tenant, sid)["meta"].update(fields)
+
+    def add_feedback(self, tenant: str, sid: str, record: dict) -> None:
+        with self._lock:
+            self._get(tenant, sid)["feedback"].append(dict(record))
+
+    def feedback(self, tenant: str, sid: str) -> list[dict]:
+        item = self._get(tenant, sid)
+        return [dict(f) for f in item["feedback"]] if item else []

@@ -1,0 +1,71 @@
+"""Celery tasks (Redis broker). Tasks take ids, not objects, and run inside the Flask app's
+context so they reach the same store and inference client as the web routes.
+
+In the embedded default (no REDIS_URL) Celery runs tasks eagerly; the chat routes then start
+them on a background thread so a request never waits for one.
+"""
+from __future__ import annotations
+
+import threading
+
+from celery import Celery, Task, shared_task
+from flask import Flask, current_app
+
+from pipelines.inference_client import InferenceError
+
+SUMMARY_PROMPT = ("Summarise this customer-support conversation for the human agent taking it over, in at "
+                  "most 3 short bullet points: what the customer wants, what was already answered, and what "
+                  "is still open.")
+
+
+def celery_init_app(app: Flask) -> Celery:
+    class FlaskTask(Task):
+        def __call__(self, *args, **kwargs):
+            with app.app_context():
+                return self.run(*args, **kwargs)
+
+    celery_app = Celery(app.name, task_cls=FlaskTask)
+    celery_app.config_from_object(app.config["CELERY"])
+    celery_app.set_default()
+    app.extensions["celery"] = celery_app
+    return celery_app
+
+
+def start(task, *args) -> None:
+    """Queue a task; in eager mode run it on a daemon thread instead of inside the request."""
+    if current_app.extensions["celery"].conf.task_always_eager:
+        app = current_app._get_current_object()
+
+        def run() -> None:
+            with app.app_context():
+                task.apply(args=args)
+        threading.Thread(target=run, daemon=True, name=f"task-{task.name}").start()
+    else:
+        task.delay(*args)
+
+
+def extractive_summary(messages: list[dict]) -> str:
+    asks = [m["content"] for m in messages if m["role"] == "user"][-3:]
+    lines = [f"- Customer said: {a[:200]}" for a in asks]
+    return "\n".join(lines) or "- (no messages)"
+
+
+@shared_task(ignore_result=False, acks_late=True, max_retries=3, default_retry_delay=5)
+def summarize_handoff(tenant_id: str, session_id: str) -> str:
+    """Write a summary of the conversation for the agent into the session (status stays
+    pending_human). Falls back to an extractive summary when the model is unavailable."""
+    ext = current_app.extensions["support_chat"]
+    store, client = ext["store"], ext["services"].client
+    messages = store.messages(tenant_id, session_id)
+    if not messages and not store.exists(tenant_id, session_id):
+        return ""
+    transcript = "\n".join(f"{m['role']}: {m['content']}" for m in messages[-12:])
+    try:
+        summary = "".join(client.chat_stream([{"role": "system", "content": SUMMARY_PROMPT},
+                                              {"role": "user", "content": transcript}],
+                                             temperature=0.2, max_tokens=160)).strip()
+    except InferenceError:
+        summary = ""
+    summary = summary or extractive_summary(messages)
+    store.set_meta(tenant_id, session_id, handoff_summary=summary)
+    return summary

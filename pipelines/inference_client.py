@@ -1,0 +1,142 @@
+"""How the pipelines reach the inference core: one protocol, two transports.
+
+    InProcessClient   the embedded default: an OnlineEngine and the sentence embedder in this
+                      process (torch is imported only when it is first used)
+    HttpClient        the OpenAI-compatible inference service at INFERENCE_URL
+                      (/v1/chat/completions streamed, /v1/embeddings, /tokenize)
+
+`client_from_env()` picks one. Both raise InferenceError when the core cannot answer, so the
+caller can fall back (the reliability issue wraps this in a circuit breaker).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+
+
+class InferenceError(RuntimeError):
+    """The inference core failed or is unreachable."""
+
+
+class InferenceClient(Protocol):
+    def chat_stream(self, messages: list[dict], *, temperature: float = 0.7, top_p: float = 1.0,
+                    max_tokens: int = 512) -> Iterator[str]:
+        """The assistant's reply to `messages`, as text pieces while it is generated."""
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """[N, dim] float32 unit vectors."""
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` for the chat model (prompt budgeting)."""
+
+
+class InProcessClient:
+    def __init__(self, model: str = "smollm2", **engine_args):
+        self.model, self.engine_args = model, engine_args
+        self._engine = None
+        self._embedder = None
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self):
+        with self._lock:
+            if self._engine is None:
+                from inference.online_engine import OnlineEngine
+                self._engine = OnlineEngine(self.model, **self.engine_args)
+            return self._engine
+
+    @property
+    def embedder(self):
+        with self._lock:
+            if self._embedder is None:
+                from inference.embeddings import SentenceEmbedder
+                self._embedder = SentenceEmbedder()
+            return self._embedder
+
+    def chat_stream(self, messages, *, temperature=0.7, top_p=1.0, max_tokens=512) -> Iterator[str]:
+        from inference.sampling_params import SamplingParams
+        params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        try:
+            stream = self.engine.chat(messages, params)
+        except RuntimeError as exc:
+            raise InferenceError(str(exc)) from exc
+        try:
+            for delta in stream:
+                if delta.error:
+                    raise InferenceError(delta.error)
+                if delta.text:
+                    yield delta.text
+        finally:
+            if not stream.finished:
+                stream.abort()              # the caller stopped reading: free the KV blocks now
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embedder.embed(texts)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode(text))
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+
+
+class HttpClient:
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0, model: str | None = None):
+        import requests
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
+        self.timeout, self.model = timeout, model
+
+    def _post(self, path: str, body: dict, stream: bool = False):
+        import requests
+        try:
+            resp = self.session.post(self.base_url + path, json=body, stream=stream, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise InferenceError(f"inference service unreachable at {self.base_url}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise InferenceError(f"inference service answered {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    def chat_stream(self, messages, *, temperature=0.7, top_p=1.0, max_tokens=512) -> Iterator[str]:
+        body = {"messages": messages, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                "stream": True}
+        if self.model:
+            body["model"] = self.model
+        with self._post("/v1/chat/completions", body, stream=True) as resp:
+            for line in resp.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if "error" in event:
+                    raise InferenceError(str(event["error"]))
+                for choice in event.get("choices", []):
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        yield text
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        data = self._post("/v1/embeddings", {"input": texts}).json()["data"]
+        return np.asarray([d["embedding"] for d in sorted(data, key=lambda d: d["index"])], dtype=np.float32)
+
+    def count_tokens(self, text: str) -> int:
+        return int(self._post("/tokenize", {"prompt": text}).json()["count"])
+
+
+def client_from_env(**engine_args) -> InferenceClient:
+    """HttpClient when INFERENCE_URL is set (INFERENCE_API_KEY for its bearer key), else the
+    in-process engine on MODEL (default smollm2)."""
+    url = os.environ.get("INFERENCE_URL")
+    if url:
+        return HttpClient(url, os.environ.get("INFERENCE_API_KEY"))
+    return InProcessClient(os.environ.get("MODEL", "smollm2"), **engine_args)

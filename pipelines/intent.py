@@ -1,0 +1,76 @@
+"""Intent detection from few-shot examples and sentence embeddings.
+
+configs/intents.yaml (or INTENTS_PATH) lists examples per intent. A message is embedded once
+(the same vector then searches the knowledge base) and scored against every intent as
+
+    score(intent) = 0.5 * max cosine to its examples + 0.5 * cosine to their centroid
+
+The best intent wins when its score clears `threshold` and beats the runner-up by `margin`;
+otherwise the message is ambiguous (intent "other", `confident` False) and the pipeline asks
+the user to clarify. `confidence` is a softmax over the scores, for display and metrics.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "intents.yaml"
+FALLBACK_INTENT = "other"
+
+
+@dataclass(frozen=True)
+class IntentResult:
+    intent: str                 # the winner, or "other" when not confident
+    confidence: float           # softmax probability of the top intent
+    confident: bool
+    runner_up: str | None
+    scores: dict[str, float]
+
+
+def load_intents(path: str | os.PathLike | None = None) -> dict[str, list[str]]:
+    path = Path(path or os.environ.get("INTENTS_PATH") or DEFAULT_PATH)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"intents: cannot read {path}: {exc}") from exc
+    intents = (data or {}).get("intents") if isinstance(data, dict) else None
+    if not isinstance(intents, dict) or len(intents) < 2:
+        raise ValueError(f"intents: {path} needs an 'intents' mapping with at least two intents")
+    out = {}
+    for name, spec in intents.items():
+        examples = (spec or {}).get("examples") if isinstance(spec, dict) else None
+        if not isinstance(examples, list) or not examples or not all(isinstance(e, str) and e.strip() for e in examples):
+            raise ValueError(f"intents: {name!r} needs a non-empty list of example strings")
+        out[str(name)] = [e.strip() for e in examples]
+    return out
+
+
+class IntentDetector:
+    def __init__(self, intents: dict[str, list[str]], embed, threshold: float = 0.45, margin: float = 0.02,
+                 temperature: float = 0.05):
+        """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed)."""
+        self.names = list(intents)
+        self.threshold, self.margin, self.temperature = threshold, margin, temperature
+        examples = [e for name in self.names for e in intents[name]]
+        vecs = np.asarray(embed(examples), dtype=np.float32)                      # [E, dim]
+        self._owner = np.repeat(np.arange(len(self.names)), [len(intents[n]) for n in self.names])
+        self._examples = vecs
+        centroids = np.stack([vecs[self._owner == i].mean(axis=0) for i in range(len(self.names))])
+        self._centroids = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)   # [I, dim]
+
+    def classify(self, query_vec: np.ndarray) -> IntentResult:
+        sims = self._examples @ query_vec                                          # [E]
+        best = np.full(len(self.names), -1.0, dtype=np.float32)
+        np.maximum.at(best, self._owner, sims)
+        scores = 0.5 * best + 0.5 * (self._centroids @ query_vec)                 # [I]
+        order = np.argsort(-scores)
+        top, second = int(order[0]), int(order[1])
+        probs = np.exp((scores - scores[top]) / self.temperature)
+        probs /= probs.sum()
+        confident = bool(scores[top] >= self.threshold and scores[top] - scores[second] >= self.margin)
+        return IntentResult(self.names[top] if confident else FALLBACK_INTENT, round(float(probs[top]), 4), confident,
+                            self.names[second], {n: round(float(s), 4) for n, s in zip(self.names, scores)})

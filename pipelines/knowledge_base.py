@@ -1,0 +1,177 @@
+"""The help centre as a searchable knowledge base: a folder of Markdown articles, chunked along
+headings, searched by BM25 and by embeddings, the two rankings fused by reciprocal rank fusion.
+
+    article.md ── "# Title" ── "## Section" ... ──> chunks: (title, section, text, source)
+    query ──> BM25 ranking ─┐
+          └─> cosine ranking ┴─> RRF: sum 1 / (60 + rank) ──> top k above the relevance gate
+
+The relevance gate is the best chunk's cosine similarity: below `min_similarity` nothing counts
+as found and the bot says so instead of inventing an answer. Chunk embeddings are cached on disk,
+keyed by the folder's fingerprint (names, sizes, mtimes) and the embedding model, and the index
+is rebuilt when the folder changes (checked at most every `check_interval` seconds).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rank_bm25 import BM25Okapi
+
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "kb"
+DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "kb"
+RRF_K = 60
+MAX_CHUNK_WORDS = 220
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
+_STOP = frozenset("a an and are as at be by can do does for from how i if in is it me my of on or our so that "
+                  "the this to was we what when where which who will with you your".split())
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case words (no stop words) plus CJK characters and their bigrams."""
+    text = text.lower()
+    tokens = [w for w in _WORD.findall(text) if w not in _STOP]
+    for run in _CJK.findall(text):
+        tokens.extend(run)
+        tokens.extend(run[i:i + 2] for i in range(len(run) - 1))
+    return tokens
+
+
+@dataclass(frozen=True)
+class Chunk:
+    title: str          # the article's title
+    section: str        # the heading the text sits under ("" for the article's lead)
+    text: str
+    source: str         # the article's file name, e.g. "returns-policy.md"
+
+    @property
+    def embedding_text(self) -> str:
+        return f"{self.title}. {self.section}. {self.text}" if self.section else f"{self.title}. {self.text}"
+
+
+@dataclass(frozen=True)
+class Passage:
+    chunk: Chunk
+    score: float        # RRF score
+    similarity: float   # cosine to the query
+
+
+def chunk_article(text: str, source: str) -> list[Chunk]:
+    """Split one Markdown article along its ## / ### headings; long sections by paragraphs."""
+    title, section, body, chunks = Path(source).stem.replace("-", " ").capitalize(), "", [], []
+
+    def flush() -> None:
+        paras = [p.strip() for p in "\n".join(body).split("\n\n") if p.strip()]
+        piece: list[str] = []
+        for p in paras:
+            if piece and sum(len(x.split()) for x in piece) + len(p.split()) > MAX_CHUNK_WORDS:
+                chunks.append(Chunk(title, section, "\n\n".join(piece), source))
+                piece = []
+            piece.append(p)
+        if piece:
+            chunks.append(Chunk(title, section, "\n\n".join(piece), source))
+        body.clear()
+
+    for line in text.splitlines():
+        if line.startswith("# ") and not chunks and not body:
+            title = line[2:].strip()
+        elif re.match(r"#{2,3} ", line):
+            flush()
+            section = line.lstrip("#").strip()
+        else:
+            body.append(line)
+    flush()
+    return chunks
+
+
+class KnowledgeBase:
+    def __init__(self, embed, path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
+                 min_similarity: float = 0.35, check_interval: float = 2.0, model_name: str = "all-MiniLM-L6-v2"):
+        """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed)."""
+        self.path = Path(path or os.environ.get("KB_PATH") or DEFAULT_PATH)
+        if not self.path.is_dir():
+            raise ValueError(f"knowledge base: {self.path} is not a directory")
+        self.cache_dir = Path(cache_dir or os.environ.get("KB_CACHE_DIR") or DEFAULT_CACHE)
+        self.embed, self.model_name = embed, model_name
+        self.min_similarity, self.check_interval = min_similarity, check_interval
+        self._lock = threading.Lock()
+        self._checked = 0.0
+        self.fingerprint = ""
+        self.chunks: list[Chunk] = []
+        self.num_builds = 0
+        self._reload(self._fingerprint())
+
+    # ---- index ---------------------------------------------------------------------------
+    def _files(self) -> list[Path]:
+        return sorted(p for p in self.path.rglob("*.md") if p.is_file())
+
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256(self.model_name.encode())
+        for p in self._files():
+            st = p.stat()
+            h.update(f"{p.relative_to(self.path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()[:24]
+
+    def _reload(self, fingerprint: str) -> None:
+        chunks = [c for p in self._files()
+                  for c in chunk_article(p.read_text(encoding="utf-8"), str(p.relative_to(self.path)))]
+        if not chunks:
+            raise ValueError(f"knowledge base: no Markdown articles with text in {self.path}")
+        cache = self.cache_dir / f"{fingerprint}.npy"
+        vecs = None
+        if cache.exists():
+            vecs = np.load(cache)
+            if vecs.shape[0] != len(chunks):
+                vecs = None
+        if vecs is None:
+            vecs = np.concatenate([np.asarray(self.embed([c.embedding_text for c in chunks[i:i + 256]]),
+                                              dtype=np.float32) for i in range(0, len(chunks), 256)])
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(".tmp.npy")
+            np.save(tmp, vecs)
+            tmp.replace(cache)
+            self.num_builds += 1
+        self.chunks, self.vectors = chunks, vecs                                     # [C, dim]
+        self.bm25 = BM25Okapi([tokenize(f"{c.title} {c.section} {c.text}") for c in chunks])
+        self.fingerprint = fingerprint
+
+    def refresh(self) -> None:
+        """Rebuild the index if the folder changed (at most one check per check_interval)."""
+        now = time.monotonic()
+        if now - self._checked < self.check_interval:
+            return
+        with self._lock:
+            self._checked = now
+            fp = self._fingerprint()
+            if fp != self.fingerprint:
+                self._reload(fp)
+
+    # ---- search --------------------------------------------------------------------------
+    def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20) -> list[Passage]:
+        """Up to k passages, best first; [] when nothing clears the relevance gate."""
+        self.refresh()
+        chunks, vectors, bm25 = self.chunks, self.vectors, self.bm25
+        sims = vectors @ query_vec                                                   # [C]
+        dense = np.argsort(-sims)[:depth]
+        if sims[dense[0]] < self.min_similarity:
+            return []
+        fused: dict[int, float] = {}
+        for rank, i in enumerate(dense):
+            fused[int(i)] = 1.0 / (RRF_K + rank + 1)
+        tokens = tokenize(query)
+        if tokens:
+            lexical = bm25.get_scores(tokens)
+            for rank, i in enumerate(np.argsort(-lexical)[:depth]):
+                if lexical[i] > 0:
+                    fused[int(i)] = fused.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)
+        best = sorted(fused, key=lambda i: -fused[i])
+        gate = self.min_similarity * 0.8          # fused neighbours may sit a little below the best
+        return [Passage(chunks[i], round(fused[i], 5), round(float(sims[i]), 4))
+                for i in best if sims[i] >= gate][:k]

@@ -1,0 +1,44 @@
+"""Prompt assembly for the support chat: the tenant's system prompt, the retrieved passages
+(numbered, so the reply can cite them), and as much recent conversation as the token budget
+leaves room for (oldest turns dropped first; the new message always stays)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipelines.knowledge_base import Passage
+
+RULES = ("Answer the customer's question using only the help-centre passages below. Be brief, friendly "
+         "and specific. If the passages do not answer it, say you are not sure and offer to connect them "
+         "with a human agent; never invent policies, prices or order details. Reply in the customer's "
+         "language.")
+MAX_PASSAGE_WORDS = 160
+
+
+def format_passages(passages: list[Passage]) -> str:
+    lines = []
+    for n, p in enumerate(passages, start=1):
+        words = p.chunk.text.split()
+        text = " ".join(words[:MAX_PASSAGE_WORDS]) + (" ..." if len(words) > MAX_PASSAGE_WORDS else "")
+        heading = f"{p.chunk.title} - {p.chunk.section}" if p.chunk.section else p.chunk.title
+        lines.append(f"[{n}] {heading}\n{text}")
+    return "\n\n".join(lines)
+
+
+def build_messages(system_prompt: str, passages: list[Passage], history: list[dict], user_text: str,
+                   count_tokens: Callable[[str], int], budget: int) -> list[dict]:
+    """Chat messages within `budget` prompt tokens (history trimmed oldest-first)."""
+    system = f"{system_prompt.strip()}\n\n{RULES}"
+    if passages:
+        system += "\n\nHelp-centre passages:\n" + format_passages(passages)
+    fixed = count_tokens(system) + count_tokens(user_text) + 16          # + chat-template overhead
+    kept: list[dict] = []
+    used = fixed
+    for msg in reversed(history):
+        if msg.get("role") not in ("user", "assistant") or not msg.get("content"):
+            continue
+        cost = count_tokens(msg["content"]) + 4
+        if used + cost > budget:
+            break
+        kept.append({"role": msg["role"], "content": msg["content"]})
+        used += cost
+    return [{"role": "system", "content": system}, *reversed(kept), {"role": "user", "content": user_text}]

@@ -1,0 +1,156 @@
+"""The support-chat pipeline for one turn:
+
+    message -> input compliance (PII redacted, banned terms blocked or masked, injection refused)
+            -> intent (embedding) -> handoff / clarify shortcuts
+            -> knowledge-base search (same embedding) -> nothing found: say so, offer a human
+            -> prompt -> generation (streamed) -> StreamGuard (banned terms, PII) -> reply + citations
+
+`respond` yields ("token", text) events while the reply streams and ends with ("done", ChatReply).
+Canned replies (blocked, handoff, clarify, not found) never call the model. If generation fails,
+the reply degrades to the best passage with its citation and an offer of a human.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from filters.banned_words import BannedWordFilter
+from filters.injection import detect_injection
+from filters.pii import redact_pii
+from filters.stream_guard import StreamGuard
+from pipelines.inference_client import InferenceClient, InferenceError
+from pipelines.intent import IntentDetector
+from pipelines.knowledge_base import KnowledgeBase, Passage
+from pipelines.prompt import build_messages
+
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+CANNED = {
+    "blocked": ("I'm sorry, I can't help with that request. Is there anything else about your order or our "
+                "store I can help with?", "抱歉，我无法协助处理该请求。还有其他关于订单或商店的问题吗？"),
+    "injection": ("I can only help with questions about our store, orders and products. What can I help you "
+                  "with?", "我只能回答与本店、订单和商品相关的问题。请问有什么可以帮您？"),
+    "handoff": ("I'm connecting you with a human agent now. They'll see this conversation, so you won't need "
+                "to repeat yourself.", "正在为您转接人工客服，他们会看到本次对话记录，您无需重复说明。"),
+    "clarify": ("I want to make sure I help with the right thing. Is this about an order, shipping, a return "
+                "or refund, your account, or a product? You can also ask for a human agent.",
+                "我想确认一下您的问题：是关于订单、配送、退货退款、账户还是商品？您也可以要求转人工客服。"),
+    "not_found": ("I couldn't find that in our help centre, so I'd rather not guess. Would you like me to "
+                  "connect you with a human agent?", "我在帮助中心没有找到相关内容，不想随意猜测。需要为您转接人工客服吗？"),
+    "degraded": ("Our assistant is busy right now. Here is what our help centre says:",
+                 "助手暂时繁忙，以下是帮助中心的相关内容："),
+}
+
+
+def canned(key: str, text: str) -> str:
+    english, chinese = CANNED[key]
+    return chinese if _CJK.search(text) else english
+
+
+@dataclass
+class ChatReply:
+    reply: str
+    intent: str
+    confidence: float
+    citations: list[dict] = field(default_factory=list)      # [{"title", "source"}]
+    handoff: bool = False
+    degraded: bool = False
+    blocked: str | None = None                                # why the input was refused, if it was
+
+
+@dataclass
+class Tenant:
+    tenant_id: str
+    name: str
+    system_prompt: str
+    banned_input_policy: str = "block"                        # block | mask
+
+
+class SupportChat:
+    def __init__(self, client: InferenceClient, detector: IntentDetector, kb: KnowledgeBase,
+                 banned: BannedWordFilter, temperature: float = 0.7, max_tokens: int = 512,
+                 prompt_budget: int = 1400, top_k: int = 3):
+        self.client, self.detector, self.kb, self.banned = client, detector, kb, banned
+        self.temperature, self.max_tokens, self.prompt_budget, self.top_k = temperature, max_tokens, prompt_budget, top_k
+
+    def clean_input(self, text: str, tenant: Tenant) -> tuple[str, str | None]:
+        """(text with PII redacted and, under the mask policy, banned terms masked; why it is
+        blocked or None). Only the cleaned text may reach the model, the logs or storage."""
+        clean, _ = redact_pii(text)
+        if self.banned.contains(clean):
+            if tenant.banned_input_policy == "block":
+                return self.banned.mask(clean)[0], "banned_words"
+            clean = self.banned.mask(clean)[0]
+        if detect_injection(clean).flagged:
+            return clean, "prompt_injection"
+        return clean, None
+
+    def respond(self, tenant: Tenant, history: list[dict], clean_text: str,
+                blocked: str | None = None) -> Iterator[tuple[str, object]]:
+        """One turn for an already cleaned message (see clean_input)."""
+        if blocked is not None:
+            reply = canned("blocked" if blocked == "banned_words" else "injection", clean_text)
+            yield from self._canned(reply, ChatReply(reply, "blocked", 1.0, blocked=blocked))
+            return
+        qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
+        intent = self.detector.classify(qvec)
+        if intent.intent == "human_agent":
+            reply = canned("handoff", clean_text)
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, handoff=True))
+            return
+        passages = [] if intent.intent == "greeting" else self.kb.search(clean_text, qvec, self.top_k)
+        if not passages and intent.intent != "greeting":
+            key = "clarify" if not intent.confident else "not_found"
+            reply = canned(key, clean_text)
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
+            return
+        citations = _citations(passages)
+        messages = build_messages(tenant.system_prompt, passages, history, clean_text, self.client.count_tokens,
+                                  self.prompt_budget)
+        guard = StreamGuard(self.banned)
+        parts: list[str] = []
+        try:
+            for piece in self.client.chat_stream(messages, temperature=self.temperature, max_tokens=self.max_tokens):
+                out = guard.feed(piece)
+                if out:
+                    parts.append(out)
+                    yield "token", out
+        except InferenceError:
+            if parts:                     # mid-reply: end what was said, then the fallback
+                parts.append("\n\n")
+                yield "token", "\n\n"
+            fallback = self._degraded_text(clean_text, passages)
+            parts.append(fallback)
+            yield "token", fallback
+            yield "done", ChatReply("".join(parts), intent.intent, intent.confidence, citations[:1],
+                                    handoff=False, degraded=True)
+            return
+        tail = guard.finish()
+        if tail:
+            parts.append(tail)
+            yield "token", tail
+        yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, citations)
+
+    def _degraded_text(self, text: str, passages: list[Passage]) -> str:
+        if not passages:
+            return canned("not_found", text)
+        best = passages[0].chunk
+        excerpt = " ".join(best.text.split()[:80])
+        return f"{canned('degraded', text)}\n\n**{best.title}**: {excerpt}\n\n{canned('not_found', text).split('. ')[-1]}"
+
+    @staticmethod
+    def _canned(reply: str, result: ChatReply) -> Iterator[tuple[str, object]]:
+        yield "token", reply
+        yield "done", result
+
+
+def _citations(passages: list[Passage]) -> list[dict]:
+    seen, out = set(), []
+    for p in passages:
+        if p.chunk.source not in seen:
+            seen.add(p.chunk.source)
+            out.append({"title": p.chunk.title, "source": f"kb/{p.chunk.source}"})
+    return out
