@@ -25,7 +25,8 @@ def serve(args: argparse.Namespace) -> int:
     web = create_app(client=client)
     mounts = {}
     if isinstance(client, InProcessClient):
-        from inference.server import ServerConfig, create_app as create_inference_app
+        from inference.server import ServerConfig
+        from inference.server import create_app as create_inference_app
         mounts["/inference"] = create_inference_app(lambda: client.engine, ServerConfig(served_model_name=client.model))
     app = DispatcherMiddleware(web, mounts)
     base = f"http://{args.host}:{args.port}"

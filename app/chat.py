@@ -17,7 +17,15 @@ import re
 import time
 from dataclasses import asdict
 
-from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    g,
+    jsonify,
+    request,
+    stream_with_context,
+)
 
 from filters.pii import redact_pii
 from pipelines.support_chat import ChatReply

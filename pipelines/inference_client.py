@@ -63,7 +63,7 @@ class InProcessClient:
         params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
         try:
             stream = self.engine.chat(messages, params)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:      # engine down, or the prompt does not fit
             raise InferenceError(str(exc)) from exc
         try:
             for delta in stream:

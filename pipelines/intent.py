@@ -4,6 +4,11 @@ configs/intents.yaml (or INTENTS_PATH) lists examples per intent. A message is e
 (the same vector then searches the knowledge base) and scored against every intent as
 
     score(intent) = 0.5 * max cosine to its examples + 0.5 * cosine to their centroid
+                    + lexical_weight * idf-weighted token overlap with its examples
+
+The lexical term (the idf-weighted share of the message's words and CJK bigrams that the
+intent's examples use) carries languages the English-trained embedding model reads poorly,
+Chinese above all.
 
 The best intent wins when its score clears `threshold` and beats the runner-up by `margin`;
 otherwise the message is ambiguous (intent "other", `confident` False) and the pipeline asks
@@ -18,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from pipelines.knowledge_base import tokenize
+
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "intents.yaml"
 FALLBACK_INTENT = "other"
 
@@ -25,6 +32,7 @@ FALLBACK_INTENT = "other"
 @dataclass(frozen=True)
 class IntentResult:
     intent: str                 # the winner, or "other" when not confident
+    top: str                    # the best-scoring intent, confident or not
     confidence: float           # softmax probability of the top intent
     confident: bool
     runner_up: str | None
@@ -50,27 +58,51 @@ def load_intents(path: str | os.PathLike | None = None) -> dict[str, list[str]]:
 
 
 class IntentDetector:
-    def __init__(self, intents: dict[str, list[str]], embed, threshold: float = 0.45, margin: float = 0.02,
-                 temperature: float = 0.05):
+    def __init__(self, intents: dict[str, list[str]], embed, threshold: float = 0.35, margin: float = 0.0,
+                 temperature: float = 0.05, lexical_weight: float = 0.3):
         """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed)."""
         self.names = list(intents)
         self.threshold, self.margin, self.temperature = threshold, margin, temperature
+        self.lexical_weight = lexical_weight
         examples = [e for name in self.names for e in intents[name]]
+        # lexical evidence per intent: its examples' tokens, weighted by how few intents use them
+        self._intent_tokens = [set().union(*(_lexical_tokens(e) for e in intents[n])) for n in self.names]
+        df: dict[str, int] = {}
+        for toks in self._intent_tokens:
+            for t in toks:
+                df[t] = df.get(t, 0) + 1
+        self._idf = {t: float(np.log(1 + len(self.names) / d)) for t, d in df.items()}
         vecs = np.asarray(embed(examples), dtype=np.float32)                      # [E, dim]
         self._owner = np.repeat(np.arange(len(self.names)), [len(intents[n]) for n in self.names])
         self._examples = vecs
         centroids = np.stack([vecs[self._owner == i].mean(axis=0) for i in range(len(self.names))])
         self._centroids = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)   # [I, dim]
 
-    def classify(self, query_vec: np.ndarray) -> IntentResult:
+    def classify(self, query_vec: np.ndarray, text: str = "") -> IntentResult:
         sims = self._examples @ query_vec                                          # [E]
         best = np.full(len(self.names), -1.0, dtype=np.float32)
         np.maximum.at(best, self._owner, sims)
         scores = 0.5 * best + 0.5 * (self._centroids @ query_vec)                 # [I]
+        tokens = _lexical_tokens(text)
+        if tokens and self.lexical_weight:
+            # idf-weighted share of the query's tokens that an intent's examples use (unknown
+            # tokens weigh as much as the rarest known ones)
+            unknown = float(np.log(1 + len(self.names)))
+            weights = {t: self._idf.get(t, unknown) for t in tokens}
+            total = sum(weights.values())
+            lexical = np.array([sum(w for t, w in weights.items() if t in toks) / total
+                                for toks in self._intent_tokens], dtype=np.float32)
+            scores = scores + self.lexical_weight * lexical
         order = np.argsort(-scores)
         top, second = int(order[0]), int(order[1])
         probs = np.exp((scores - scores[top]) / self.temperature)
         probs /= probs.sum()
         confident = bool(scores[top] >= self.threshold and scores[top] - scores[second] >= self.margin)
-        return IntentResult(self.names[top] if confident else FALLBACK_INTENT, round(float(probs[top]), 4), confident,
+        return IntentResult(self.names[top] if confident else FALLBACK_INTENT, self.names[top],
+                            round(float(probs[top]), 4), confident,
                             self.names[second], {n: round(float(s), 4) for n, s in zip(self.names, scores)})
+
+
+def _lexical_tokens(text: str) -> set[str]:
+    """Words and CJK bigrams (single CJK characters such as 的 or 了 match everything)."""
+    return {t for t in tokenize(text) if len(t) > 1}

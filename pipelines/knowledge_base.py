@@ -30,8 +30,7 @@ MAX_CHUNK_WORDS = 220
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
-_STOP = frozenset("a an and are as at be by can do does for from how i if in is it me my of on or our so that "
-                  "the this to was we what when where which who will with you your".split())
+_STOP = frozenset(["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "if", "in", "is", "it", "me", "my", "of", "on", "or", "our", "so", "that", "the", "this", "to", "was", "we", "what", "when", "where", "which", "who", "will", "with", "you", "your"])
 
 
 def tokenize(text: str) -> list[str]:

@@ -25,14 +25,21 @@ def format_passages(passages: list[Passage]) -> str:
 
 
 def build_messages(system_prompt: str, passages: list[Passage], history: list[dict], user_text: str,
-                   count_tokens: Callable[[str], int], budget: int) -> list[dict]:
-    """Chat messages within `budget` prompt tokens (history trimmed oldest-first)."""
-    system = f"{system_prompt.strip()}\n\n{RULES}"
-    if passages:
-        system += "\n\nHelp-centre passages:\n" + format_passages(passages)
-    fixed = count_tokens(system) + count_tokens(user_text) + 16          # + chat-template overhead
+                   count_tokens: Callable[[str], int], budget: int) -> tuple[list[dict], list[Passage]]:
+    """Chat messages within `budget` prompt tokens, and the passages they include. Passages are
+    dropped from the lowest-ranked up until the system prompt fits with the new message; then
+    history is added newest-first while it fits."""
+    passages = list(passages)
+    user_cost = count_tokens(user_text) + 16                              # + chat-template overhead
+    while True:
+        system = f"{system_prompt.strip()}\n\n{RULES}"
+        if passages:
+            system += "\n\nHelp-centre passages:\n" + format_passages(passages)
+        used = count_tokens(system) + user_cost
+        if used <= budget or not passages:
+            break
+        passages.pop()
     kept: list[dict] = []
-    used = fixed
     for msg in reversed(history):
         if msg.get("role") not in ("user", "assistant") or not msg.get("content"):
             continue
@@ -41,4 +48,5 @@ def build_messages(system_prompt: str, passages: list[Passage], history: list[di
             break
         kept.append({"role": msg["role"], "content": msg["content"]})
         used += cost
-    return [{"role": "system", "content": system}, *reversed(kept), {"role": "user", "content": user_text}]
+    messages = [{"role": "system", "content": system}, *reversed(kept), {"role": "user", "content": user_text}]
+    return messages, passages

@@ -29,17 +29,17 @@ from pipelines.prompt import build_messages
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
 CANNED = {
-    "blocked": ("I'm sorry, I can't help with that request. Is there anything else about your order or our "
-                "store I can help with?", "抱歉，我无法协助处理该请求。还有其他关于订单或商店的问题吗？"),
-    "injection": ("I can only help with questions about our store, orders and products. What can I help you "
-                  "with?", "我只能回答与本店、订单和商品相关的问题。请问有什么可以帮您？"),
-    "handoff": ("I'm connecting you with a human agent now. They'll see this conversation, so you won't need "
-                "to repeat yourself.", "正在为您转接人工客服，他们会看到本次对话记录，您无需重复说明。"),
-    "clarify": ("I want to make sure I help with the right thing. Is this about an order, shipping, a return "
-                "or refund, your account, or a product? You can also ask for a human agent.",
+    "blocked": (("I'm sorry, I can't help with that request. Is there anything else about your order or our "
+                "store I can help with?"), "抱歉，我无法协助处理该请求。还有其他关于订单或商店的问题吗？"),
+    "injection": (("I can only help with questions about our store, orders and products. What can I help you "
+                  "with?"), "我只能回答与本店、订单和商品相关的问题。请问有什么可以帮您？"),
+    "handoff": (("I'm connecting you with a human agent now. They'll see this conversation, so you won't need "
+                "to repeat yourself."), "正在为您转接人工客服，他们会看到本次对话记录，您无需重复说明。"),
+    "clarify": (("I want to make sure I help with the right thing. Is this about an order, shipping, a return "
+                "or refund, your account, or a product? You can also ask for a human agent."),
                 "我想确认一下您的问题：是关于订单、配送、退货退款、账户还是商品？您也可以要求转人工客服。"),
-    "not_found": ("I couldn't find that in our help centre, so I'd rather not guess. Would you like me to "
-                  "connect you with a human agent?", "我在帮助中心没有找到相关内容，不想随意猜测。需要为您转接人工客服吗？"),
+    "not_found": (("I couldn't find that in our help centre, so I'd rather not guess. Would you like me to "
+                  "connect you with a human agent?"), "我在帮助中心没有找到相关内容，不想随意猜测。需要为您转接人工客服吗？"),
     "degraded": ("Our assistant is busy right now. Here is what our help centre says:",
                  "助手暂时繁忙，以下是帮助中心的相关内容："),
 }
@@ -96,7 +96,7 @@ class SupportChat:
             yield from self._canned(reply, ChatReply(reply, "blocked", 1.0, blocked=blocked))
             return
         qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
-        intent = self.detector.classify(qvec)
+        intent = self.detector.classify(qvec, clean_text)
         if intent.intent == "human_agent":
             reply = canned("handoff", clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, handoff=True))
@@ -107,9 +107,9 @@ class SupportChat:
             reply = canned(key, clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
+        messages, passages = build_messages(tenant.system_prompt, passages, history, clean_text,
+                                            self.client.count_tokens, self.prompt_budget)
         citations = _citations(passages)
-        messages = build_messages(tenant.system_prompt, passages, history, clean_text, self.client.count_tokens,
-                                  self.prompt_budget)
         guard = StreamGuard(self.banned)
         parts: list[str] = []
         try:

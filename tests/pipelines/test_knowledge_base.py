@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.knowledge_base import DEFAULT_PATH, KnowledgeBase, chunk_article, tokenize
+from pipelines.knowledge_base import (
+    DEFAULT_PATH,
+    KnowledgeBase,
+    chunk_article,
+    tokenize,
+)
 
 DATA = Path(__file__).parent / "data"
 

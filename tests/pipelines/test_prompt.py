@@ -12,11 +12,12 @@ def words(text: str) -> int:
 def test_history_is_trimmed_oldest_first_and_the_new_message_always_stays():
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn{i} " + "x " * 20} for i in range(10)]
     passages = [Passage(Chunk("Returns", "How", "Send it back within 30 days.", "returns.md"), 0.03, 0.7)]
-    msgs = build_messages("You are a bot.", passages, history, "and my refund?", words, budget=150)
+    msgs, used = build_messages("You are a bot.", passages, history, "and my refund?", words, budget=150)
     assert msgs[0]["role"] == "system" and "[1] Returns - How" in msgs[0]["content"]
     assert msgs[-1] == {"role": "user", "content": "and my refund?"}
     kept = [m["content"].split()[0] for m in msgs[1:-1]]
     assert kept == [f"turn{i}" for i in range(10 - len(kept), 10)] and 0 < len(kept) < 10
     assert sum(words(m["content"]) for m in msgs) <= 150
-    tiny = build_messages("You are a bot.", passages, history, "and my refund?", words, budget=10)
-    assert [m["role"] for m in tiny] == ["system", "user"]
+    tiny, none = build_messages("You are a bot.", passages, history, "and my refund?", words, budget=10)
+    assert [m["role"] for m in tiny] == ["system", "user"] and none == [] and used == passages
+    assert "Help-centre passages" not in tiny[0]["content"]
