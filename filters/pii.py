@@ -110,8 +110,13 @@ PLACEHOLDERS = {"email": "[EMAIL]", "phone": "[PHONE]", "card": "[CARD]", "iban"
                 "national_id": "[ID]", "ip": "[IP]"}
 
 
+_HINT = re.compile(r"[\d@:]")      # every kind above needs a digit, an '@' or a ':'
+
+
 def find_pii(text: str) -> list[PiiFinding]:
     """Non-overlapping findings, left to right."""
+    if not _HINT.search(text):
+        return []
     found: list[PiiFinding] = []
     taken: list[tuple[int, int]] = []
     for kind, pattern, valid in _PATTERNS:

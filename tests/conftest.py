@@ -62,3 +62,33 @@ def tiny_client(embedder):
     client._embedder = embedder
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """Redis on 127.0.0.1:6379: the machine's own, else one started here (redis-server)."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+    client = redis.Redis(host="127.0.0.1", port=6379)
+    try:
+        client.ping()
+        yield "redis://127.0.0.1:6379"
+        return
+    except redis.ConnectionError:
+        pass
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("Redis is not running on 127.0.0.1:6379 and redis-server is not installed")
+    proc = subprocess.Popen([binary, "--port", "6379", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield "redis://127.0.0.1:6379"
+    proc.terminate()

@@ -28,7 +28,7 @@ TENANTS = """tenants:
 
 
 @pytest.fixture(scope="module", params=["memory", "redis"])
-def client(request, tiny_client, tmp_path_factory):
+def client(request, tiny_client, tmp_path_factory, redis_server):
     tmp = tmp_path_factory.mktemp("app")
     (tmp / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
     config = {"TENANTS_PATH": str(tmp / "tenants.yaml"), "KB_CACHE_DIR": str(tmp / "kbcache"),
