@@ -5,7 +5,8 @@ engine's OpenAI-compatible routes beside it).
 
 config keys (defaults from the environment): REDIS_URL (sessions + Celery broker; in-process
 store and eager tasks without it), SESSION_TTL, MAX_MESSAGE_CHARS, KB_PATH, KB_CACHE_DIR,
-INTENTS_PATH, BANNED_WORDS_PATH, TENANTS_PATH, ENGINE_ARGS (for the in-process engine).
+INTENTS_PATH, BANNED_WORDS_PATH, TENANTS_PATH, CHAT_TEMPERATURE (0.7), CHAT_MAX_TOKENS (512),
+CHAT_PROMPT_BUDGET (1400 tokens), ENGINE_ARGS (for the in-process engine).
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         KB_PATH=os.environ.get("KB_PATH"), KB_CACHE_DIR=os.environ.get("KB_CACHE_DIR"),
         INTENTS_PATH=os.environ.get("INTENTS_PATH"), BANNED_WORDS_PATH=os.environ.get("BANNED_WORDS_PATH"),
         TENANTS_PATH=os.environ.get("TENANTS_PATH"), ENGINE_ARGS={},
+        CHAT_TEMPERATURE=float(os.environ.get("CHAT_TEMPERATURE", "0.7")),
+        CHAT_MAX_TOKENS=int(os.environ.get("CHAT_MAX_TOKENS", "512")),
+        CHAT_PROMPT_BUDGET=int(os.environ.get("CHAT_PROMPT_BUDGET", "1400")),
     )
     app.config.update(config or {})
     url = app.config["REDIS_URL"]

@@ -34,7 +34,7 @@ class ChatServices:
                 detector = IntentDetector(load_intents(self.config.get("INTENTS_PATH")), client.embed)
                 kb = KnowledgeBase(client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
                 self._chat = SupportChat(client, detector, kb, self.banned,
-                                         temperature=self.config.get("CHAT_TEMPERATURE", 0.7),
-                                         max_tokens=self.config.get("CHAT_MAX_TOKENS", 512),
-                                         prompt_budget=self.config.get("CHAT_PROMPT_BUDGET", 1400))
+                                         temperature=self.config["CHAT_TEMPERATURE"],
+                                         max_tokens=self.config["CHAT_MAX_TOKENS"],
+                                         prompt_budget=self.config["CHAT_PROMPT_BUDGET"])
             return self._chat

@@ -34,6 +34,9 @@ class InferenceClient(Protocol):
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` for the chat model (prompt budgeting)."""
 
+    def max_model_len(self) -> int:
+        """The chat model's context length (prompt + generated tokens)."""
+
 
 class InProcessClient:
     def __init__(self, model: str = "smollm2", **engine_args):
@@ -80,6 +83,9 @@ class InProcessClient:
 
     def count_tokens(self, text: str) -> int:
         return len(self.engine.tokenizer.encode(text))
+
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
 
     def close(self) -> None:
         if self._engine is not None:
@@ -131,6 +137,11 @@ class HttpClient:
 
     def count_tokens(self, text: str) -> int:
         return int(self._post("/tokenize", {"prompt": text}).json()["count"])
+
+    def max_model_len(self) -> int:
+        if getattr(self, "_max_model_len", None) is None:
+            self._max_model_len = int(self._post("/tokenize", {"prompt": "x"}).json()["max_model_len"])
+        return self._max_model_len
 
 
 def client_from_env(**engine_args) -> InferenceClient:

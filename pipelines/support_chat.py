@@ -107,13 +107,17 @@ class SupportChat:
             reply = canned(key, clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
+        # the prompt and the reply share the model's context
+        context = self.client.max_model_len()
+        max_tokens = min(self.max_tokens, context // 2)
+        budget = min(self.prompt_budget, context - max_tokens - 8)
         messages, passages = build_messages(tenant.system_prompt, passages, history, clean_text,
-                                            self.client.count_tokens, self.prompt_budget)
+                                            self.client.count_tokens, budget)
         citations = _citations(passages)
         guard = StreamGuard(self.banned)
         parts: list[str] = []
         try:
-            for piece in self.client.chat_stream(messages, temperature=self.temperature, max_tokens=self.max_tokens):
+            for piece in self.client.chat_stream(messages, temperature=self.temperature, max_tokens=max_tokens):
                 out = guard.feed(piece)
                 if out:
                     parts.append(out)

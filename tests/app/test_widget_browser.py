@@ -41,7 +41,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("widget-browser")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "INFERENCE_URL")}
-    env.update(MODEL="random:tiny", KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1")
+    env.update(MODEL="random:tiny", CHAT_MAX_TOKENS="48", KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1")
     log_path = tmp / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)],
