@@ -56,9 +56,9 @@ def sanitize(text: str, banned: BannedWordFilter | None, pii: bool = True) -> st
 
 
 class StreamGuard:
-    def __init__(self, banned: BannedWordFilter | None, pii: bool = True, release_every: int = 16):
+    def __init__(self, banned: BannedWordFilter | None, pii: bool = True, release_every: int = 32):
         """release_every: scan only once this many characters beyond the window are held (about
-        4 tokens), so each character is scanned a few times rather than once per piece."""
+        8 tokens), so each character is scanned a few times rather than once per piece."""
         if release_every < 1:
             raise ValueError(f"release_every: must be >= 1, got {release_every}")
         self.banned, self.pii, self.release_every = banned, pii, release_every
@@ -80,6 +80,8 @@ class StreamGuard:
 
     def _release(self, final: bool) -> str:
         held = self._held
+        if not final and len(held) < self.window + self.release_every:
+            return ""                 # holding more than needed is always safe, and it is cheap
         cut = len(held) if final else _tail_start(held, self.window)
         if cut <= 0 or (not final and cut < self.release_every):
             return ""

@@ -93,3 +93,10 @@ def test_bad_folders_are_rejected(embedder, tmp_path, monkeypatch):
     (own / "a.md").write_text("# A\n\nGift wrapping costs $3 per item.\n", encoding="utf-8")
     monkeypatch.setenv("KB_PATH", str(own))
     assert KnowledgeBase(embedder.embed, cache_dir=tmp_path / "c").chunks[0].source == "a.md"
+
+
+def test_small_batches_embed_exactly_like_sentence_transformers(embedder):
+    texts = ["Where is my order?", "退款多久到账", "a much longer question about the warranty of my headphones " * 3]
+    direct = embedder.embed(texts)
+    reference = embedder.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    assert abs(direct - reference).max() < 1e-5
