@@ -101,21 +101,22 @@ class HttpClient:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.timeout, self.model = timeout, model
 
-    def _post(self, path: str, body: dict, stream: bool = False):
+    def _request(self, method: str, path: str, **kw):
         import requests
         try:
-            resp = self.session.post(self.base_url + path, json=body, stream=stream, timeout=self.timeout)
+            resp = self.session.request(method, self.base_url + path, timeout=self.timeout, **kw)
         except requests.RequestException as exc:
             raise InferenceError(f"inference service unreachable at {self.base_url}: {exc}") from exc
         if resp.status_code >= 400:
             raise InferenceError(f"inference service answered {resp.status_code}: {resp.text[:300]}")
         return resp
 
+    def _post(self, path: str, body: dict, stream: bool = False):
+        return self._request("POST", path, json=body, stream=stream)
+
     def chat_stream(self, messages, *, temperature=0.7, top_p=1.0, max_tokens=512) -> Iterator[str]:
-        body = {"messages": messages, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-                "stream": True}
-        if self.model:
-            body["model"] = self.model
+        body = {"model": self._served_model(), "messages": messages, "temperature": temperature, "top_p": top_p,
+                "max_tokens": max_tokens, "stream": True}
         with self._post("/v1/chat/completions", body, stream=True) as resp:
             for line in resp.iter_lines(decode_unicode=True):
                 if not line or not line.startswith("data: "):
@@ -130,6 +131,12 @@ class HttpClient:
                     text = (choice.get("delta") or {}).get("content")
                     if text:
                         yield text
+
+    def _served_model(self) -> str:
+        """The model the service serves (GET /v1/models), unless one was given."""
+        if not self.model:
+            self.model = self._request("GET", "/v1/models").json()["data"][0]["id"]
+        return self.model
 
     def embed(self, texts: list[str]) -> np.ndarray:
         data = self._post("/v1/embeddings", {"input": texts}).json()["data"]

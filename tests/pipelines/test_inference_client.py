@@ -1,0 +1,48 @@
+"""The pipelines' inference client over HTTP against the real inference service (the tiny random
+model): streamed chat, embeddings identical to the in-process ones, token counts, context length,
+and clear InferenceErrors when the service is down or refuses."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from werkzeug.serving import make_server
+
+from inference.online_engine import OnlineEngine
+from inference.server import ServerConfig, create_app
+from pipelines.inference_client import HttpClient, InferenceError
+
+
+@pytest.fixture(scope="module")
+def service(embedder):
+    engine = OnlineEngine("random:tiny", dtype="float32", max_model_len=512, kv_cache_memory_bytes=16 << 20)
+    app = create_app(lambda: engine, ServerConfig(served_model_name="tiny", api_keys=("k1",)))
+    app.extensions["inference"]["embedder"] = embedder          # the same model, loaded once per run
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", engine
+    server.shutdown()
+    engine.shutdown()
+
+
+def test_chat_embed_and_tokenize_over_http(service, embedder):
+    url, engine = service
+    client = HttpClient(url, api_key="k1")
+    pieces = list(client.chat_stream([{"role": "user", "content": "hello"}], temperature=0, max_tokens=12))
+    assert pieces and all(isinstance(p, str) for p in pieces)
+    texts = ["Where is my order?", "退款多久到账"]
+    assert np.abs(client.embed(texts) - embedder.embed(texts)).max() < 1e-5
+    assert client.count_tokens("hello") == len(engine.tokenizer.encode("hello"))
+    assert client.max_model_len() == 512
+
+
+def test_errors_are_inference_errors(service):
+    url, _ = service
+    with pytest.raises(InferenceError, match="401"):
+        list(HttpClient(url, api_key="wrong").chat_stream([{"role": "user", "content": "hi"}]))
+    with pytest.raises(InferenceError, match="400"):
+        HttpClient(url, api_key="k1").embed([""])
+    with pytest.raises(InferenceError, match="unreachable"):
+        HttpClient("http://127.0.0.1:9", timeout=2).embed(["hi"])
