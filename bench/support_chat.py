@@ -24,12 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.filters import reply  # noqa: E402
-from filters.banned_words import BannedWordFilter  # noqa: E402
-from pipelines.inference_client import InProcessClient  # noqa: E402
-from pipelines.intent import IntentDetector, load_intents  # noqa: E402
-from pipelines.knowledge_base import DEFAULT_PATH, KnowledgeBase  # noqa: E402
-from pipelines.support_chat import SupportChat, Tenant  # noqa: E402
+from bench.filters import reply
+from filters.banned_words import BannedWordFilter
+from pipelines.inference_client import InProcessClient
+from pipelines.intent import IntentDetector, load_intents
+from pipelines.knowledge_base import DEFAULT_PATH, KnowledgeBase
+from pipelines.support_chat import SupportChat, Tenant
 
 QUESTIONS = ["How long does a refund take?", "Where is my parcel? It's late", "Can I change my delivery address?",
              "My card was declined at checkout", "How do I reset my password?", "Do headphones pair with my laptop?",
