@@ -39,6 +39,8 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         CHAT_PROMPT_BUDGET=int(os.environ.get("CHAT_PROMPT_BUDGET", "1400")),
     )
     app.config.update(config or {})
+    if app.config["KB_PATH"]:              # one meaning for the index and the /kb/ links
+        app.config["KB_PATH"] = str(Path(app.config["KB_PATH"]).resolve())
     url = app.config["REDIS_URL"]
     app.config.setdefault("CELERY", {"broker_url": url, "result_backend": url, "task_always_eager": not url,
                                       "task_ignore_result": False, "task_acks_late": True,

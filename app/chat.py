@@ -28,11 +28,12 @@ from flask import (
 )
 
 from filters.pii import redact_pii
-from pipelines.support_chat import ChatReply
+from pipelines.support_chat import ChatReply, MessageTooLong
 
 log = logging.getLogger(__name__)
 bp = Blueprint("chat", __name__, url_prefix="/api/chat")
 _SID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+MAX_HISTORY = 40                # most recent messages a turn reads (the prompt trims further)
 
 
 class ApiError(Exception):
@@ -106,8 +107,8 @@ def get_session(sid: str):
     store = _ext()["store"]
     _session(sid)
     meta = store.meta(tid, sid) or {}
-    return jsonify({"messages": store.messages(tid, sid), "status": meta.get("status", "open"),
-                    "handoff_summary": meta.get("handoff_summary")})
+    # (the handoff summary is for the agent, not for the customer's widget)
+    return jsonify({"messages": store.messages(tid, sid), "status": meta.get("status", "open")})
 
 
 @bp.post("/sessions/<sid>/messages")
@@ -124,15 +125,27 @@ def post_message(sid: str):
         raise ApiError(413, f"content: {len(content)} characters, at most {limit}")
     if not isinstance(stream, bool):
         raise ApiError(400, "stream: must be true or false")
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "content: contains an unpaired surrogate (\\ud800-\\udfff)") from None
     chat = services.chat
     clean, blocked = chat.clean_input(content.strip(), g.tenant.tenant)
-    history = store.messages(tid, sid)
-    store.append(tid, sid, {"role": "user", "content": clean, "time": time.time()})
+    if blocked is None:
+        try:
+            chat.check_fits(clean)
+        except MessageTooLong as exc:
+            raise ApiError(413, str(exc)) from None
+    history = store.messages(tid, sid)[-MAX_HISTORY:]
+    asked_at = time.time()
     events = chat.respond(g.tenant.tenant, history, clean, blocked)
 
     def finish(reply: ChatReply) -> dict:
+        # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
+        flag = {"blocked": True} if reply.blocked else {}
+        store.append(tid, sid, {"role": "user", "content": clean, "time": asked_at, **flag})
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
-                  "time": time.time()}
+                  "degraded": reply.degraded, "time": time.time(), **flag}
         index = store.append(tid, sid, record)
         if reply.handoff:
             _start_handoff(tid, sid)
@@ -177,8 +190,8 @@ def feedback(sid: str):
         raise ApiError(400, "rating: must be 'up' or 'down'")
     if not isinstance(comment, str) or len(comment) > 2000:
         raise ApiError(400, "comment: must be a string of at most 2000 characters")
-    store.add_feedback(tid, sid, {"message_index": index, "rating": rating, "comment": redact_pii(comment)[0],
-                                  "time": time.time()})
+    comment = _ext()["services"].banned.mask(redact_pii(comment)[0])[0]
+    store.add_feedback(tid, sid, {"message_index": index, "rating": rating, "comment": comment, "time": time.time()})
     return jsonify({"ok": True})
 
 

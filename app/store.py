@@ -54,7 +54,17 @@ class RedisStore:
         return n - 1
 
     def set_meta(self, tenant: str, sid: str, **fields: str) -> None:
-        self.r.hset(_key(tenant, sid, "meta"), mapping=fields)
+        """Updates an existing session only (a late task must not revive an expired one)."""
+        key = _key(tenant, sid, "meta")
+        with self.r.pipeline() as p:
+            p.exists(key)
+            p.ttl(key)
+            exists, ttl = p.execute()
+        if exists:
+            with self.r.pipeline() as p:
+                p.hset(key, mapping=fields)
+                p.expire(key, max(int(ttl), 1))
+                p.execute()
 
     def add_feedback(self, tenant: str, sid: str, record: dict) -> None:
         k = _key(tenant, sid, "feedback")
@@ -74,6 +84,7 @@ class MemoryStore:
         self.ttl = ttl
         self._data: dict[str, dict] = {}          # "tenant:sid" -> {"meta", "messages", "feedback", "expires"}
         self._lock = threading.Lock()
+        self._created = 0
 
     def _get(self, tenant: str, sid: str) -> dict | None:
         item = self._data.get(f"{tenant}:{sid}")
@@ -85,6 +96,11 @@ class MemoryStore:
     def create(self, tenant: str) -> str:
         sid = secrets.token_urlsafe(16)
         with self._lock:
+            self._created += 1
+            if self._created % 256 == 0:      # sweep expired sessions now and then
+                now = time.time()
+                for key in [k for k, v in self._data.items() if v["expires"] < now]:
+                    del self._data[key]
             self._data[f"{tenant}:{sid}"] = {"meta": {"status": "open", "created": f"{time.time():.3f}"},
                                              "messages": [], "feedback": [], "expires": time.time() + self.ttl}
         return sid
@@ -103,17 +119,23 @@ class MemoryStore:
     def append(self, tenant: str, sid: str, message: dict) -> int:
         with self._lock:
             item = self._get(tenant, sid)
+            if item is None:                  # expired meanwhile: nothing to add to
+                return -1
             item["messages"].append(dict(message))
             item["expires"] = time.time() + self.ttl
             return len(item["messages"]) - 1
 
     def set_meta(self, tenant: str, sid: str, **fields: str) -> None:
         with self._lock:
-            self._get(tenant, sid)["meta"].update(fields)
+            item = self._get(tenant, sid)
+            if item is not None:
+                item["meta"].update(fields)
 
     def add_feedback(self, tenant: str, sid: str, record: dict) -> None:
         with self._lock:
-            self._get(tenant, sid)["feedback"].append(dict(record))
+            item = self._get(tenant, sid)
+            if item is not None:
+                item["feedback"].append(dict(record))
 
     def feedback(self, tenant: str, sid: str) -> list[dict]:
         item = self._get(tenant, sid)

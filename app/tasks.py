@@ -9,7 +9,9 @@ from __future__ import annotations
 import threading
 
 from celery import Celery, Task, shared_task
-from flask import Flask, current_app
+from flask import Flask, current_app, has_app_context
+
+from filters.stream_guard import sanitize
 
 from pipelines.inference_client import InferenceError
 
@@ -21,6 +23,8 @@ SUMMARY_PROMPT = ("Summarise this customer-support conversation for the human ag
 def celery_init_app(app: Flask) -> Celery:
     class FlaskTask(Task):
         def __call__(self, *args, **kwargs):
+            if has_app_context():          # started by a request's app (eager mode): use that one
+                return self.run(*args, **kwargs)
             with app.app_context():
                 return self.run(*args, **kwargs)
 
@@ -56,16 +60,19 @@ def summarize_handoff(tenant_id: str, session_id: str) -> str:
     pending_human). Falls back to an extractive summary when the model is unavailable."""
     ext = current_app.extensions["support_chat"]
     store, client = ext["store"], ext["services"].client
-    messages = store.messages(tenant_id, session_id)
-    if not messages and not store.exists(tenant_id, session_id):
+    if not store.exists(tenant_id, session_id):
         return ""
-    transcript = "\n".join(f"{m['role']}: {m['content']}" for m in messages[-12:])
-    try:
-        summary = "".join(client.chat_stream([{"role": "system", "content": SUMMARY_PROMPT},
-                                              {"role": "user", "content": transcript}],
-                                             temperature=0.2, max_tokens=160)).strip()
-    except InferenceError:
-        summary = ""
-    summary = summary or extractive_summary(messages)
+    messages = [m for m in store.messages(tenant_id, session_id) if not m.get("blocked")]
+    summary = ""
+    if messages:
+        transcript = "\n".join(f"{m['role']}: {m['content']}" for m in messages[-12:])
+        try:
+            summary = "".join(client.chat_stream([{"role": "system", "content": SUMMARY_PROMPT},
+                                                  {"role": "user", "content": transcript}],
+                                                 temperature=0.2, max_tokens=160)).strip()
+        except InferenceError:
+            summary = ""
+    # the model's text goes through the same compliance filters as a reply
+    summary = sanitize(summary, ext["services"].banned) if summary else extractive_summary(messages)
     store.set_meta(tenant_id, session_id, handoff_summary=summary)
     return summary

@@ -127,7 +127,7 @@ def _json(body: dict, status: int = 200, headers: dict | None = None) -> Respons
 @bp.before_request
 def _authenticate() -> None:
     keys = _ctx()["config"].api_keys
-    if not keys or not request.path.startswith("/v1/"):
+    if not keys or not (request.path.startswith("/v1/") or request.path == "/tokenize"):
         return
     header = request.headers.get("Authorization", "")
     token = header[7:] if header.startswith("Bearer ") else ""

@@ -117,20 +117,25 @@ class HttpClient:
     def chat_stream(self, messages, *, temperature=0.7, top_p=1.0, max_tokens=512) -> Iterator[str]:
         body = {"model": self._served_model(), "messages": messages, "temperature": temperature, "top_p": top_p,
                 "max_tokens": max_tokens, "stream": True}
+        import requests
         with self._post("/v1/chat/completions", body, stream=True) as resp:
-            for line in resp.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    return
-                event = json.loads(data)
-                if "error" in event:
-                    raise InferenceError(str(event["error"]))
-                for choice in event.get("choices", []):
-                    text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        yield text
+            try:
+                for line in resp.iter_lines(decode_unicode=True):
+                    if not line or not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        return
+                    event = json.loads(data)
+                    if "error" in event:
+                        raise InferenceError(str(event["error"]))
+                    for choice in event.get("choices", []):
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            yield text
+            except (requests.RequestException, ValueError) as exc:     # cut off mid-stream, bad JSON
+                raise InferenceError(f"inference stream from {self.base_url} broke: {exc}") from exc
+        raise InferenceError(f"inference stream from {self.base_url} ended without [DONE]")
 
     def _served_model(self) -> str:
         """The model the service serves (GET /v1/models), unless one was given."""

@@ -13,6 +13,7 @@ is rebuilt when the folder changes (checked at most every `check_interval` secon
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+log = logging.getLogger(__name__)
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "kb"
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "kb"
 RRF_K = 60
@@ -103,7 +105,7 @@ class KnowledgeBase:
         self._lock = threading.Lock()
         self._checked = 0.0
         self.fingerprint = ""
-        self.chunks: list[Chunk] = []
+        self._index: tuple[list[Chunk], np.ndarray, BM25Okapi] = ([], np.zeros((0, 0), np.float32), None)
         self.num_builds = 0
         self._reload(self._fingerprint())
 
@@ -120,43 +122,51 @@ class KnowledgeBase:
 
     def _reload(self, fingerprint: str) -> None:
         chunks = [c for p in self._files()
-                  for c in chunk_article(p.read_text(encoding="utf-8"), str(p.relative_to(self.path)))]
+                  for c in chunk_article(p.read_text(encoding="utf-8", errors="replace"), str(p.relative_to(self.path)))]
         if not chunks:
             raise ValueError(f"knowledge base: no Markdown articles with text in {self.path}")
         cache = self.cache_dir / f"{fingerprint}.npy"
         vecs = None
-        if cache.exists():
-            vecs = np.load(cache)
-            if vecs.shape[0] != len(chunks):
-                vecs = None
-        if vecs is None:
+        try:
+            vecs = np.load(cache) if cache.exists() else None
+        except (OSError, ValueError):
+            vecs = None                                     # unreadable cache: a miss
+        if vecs is None or vecs.shape[0] != len(chunks):
             vecs = np.concatenate([np.asarray(self.embed([c.embedding_text for c in chunks[i:i + 256]]),
                                               dtype=np.float32) for i in range(0, len(chunks), 256)])
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp.npy")
+            tmp = self.cache_dir / f"{fingerprint}.{os.getpid()}.{threading.get_ident()}.tmp.npy"
             np.save(tmp, vecs)
             tmp.replace(cache)
             self.num_builds += 1
-        self.chunks, self.vectors = chunks, vecs                                     # [C, dim]
-        self.bm25 = BM25Okapi([tokenize(f"{c.title} {c.section} {c.text}") for c in chunks])
+        bm25 = BM25Okapi([tokenize(f"{c.title} {c.section} {c.text}") for c in chunks])
+        self._index = (chunks, vecs, bm25)                  # one swap: searches never mix versions
         self.fingerprint = fingerprint
 
+    @property
+    def chunks(self) -> list[Chunk]:
+        return self._index[0]
+
     def refresh(self) -> None:
-        """Rebuild the index if the folder changed (at most one check per check_interval)."""
+        """Rebuild the index if the folder changed (at most one check per check_interval). A
+        rebuild that fails (a file vanishing mid-scan, an embedding error) keeps the old index."""
         now = time.monotonic()
         if now - self._checked < self.check_interval:
             return
         with self._lock:
             self._checked = now
-            fp = self._fingerprint()
-            if fp != self.fingerprint:
-                self._reload(fp)
+            try:
+                fp = self._fingerprint()
+                if fp != self.fingerprint:
+                    self._reload(fp)
+            except Exception:
+                log.exception("knowledge base: rebuild of %s failed; keeping the previous index", self.path)
 
     # ---- search --------------------------------------------------------------------------
     def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20) -> list[Passage]:
         """Up to k passages, best first; [] when nothing clears the relevance gate."""
         self.refresh()
-        chunks, vectors, bm25 = self.chunks, self.vectors, self.bm25
+        chunks, vectors, bm25 = self._index
         sims = vectors @ query_vec                                                   # [C]
         dense = np.argsort(-sims)[:depth]
         if sims[dense[0]] < self.min_similarity:

@@ -47,8 +47,8 @@ def build_messages(system_prompt: str, passages: list[Passage], history: list[di
             passages.pop()
     kept: list[dict] = []
     for msg in reversed(history):
-        if msg.get("role") not in ("user", "assistant") or not msg.get("content"):
-            continue
+        if msg.get("role") not in ("user", "assistant") or not msg.get("content") or msg.get("blocked"):
+            continue                     # refused turns (injection, banned words) never reach the model
         cost = count_tokens(msg["content"]) + 4
         if used + cost > budget:
             break

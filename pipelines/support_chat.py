@@ -22,7 +22,7 @@ from filters.injection import detect_injection
 from filters.pii import redact_pii
 from filters.stream_guard import StreamGuard
 from pipelines.inference_client import InferenceClient, InferenceError
-from pipelines.intent import IntentDetector
+from pipelines.intent import FALLBACK_INTENT, IntentDetector
 from pipelines.knowledge_base import KnowledgeBase, Passage
 from pipelines.prompt import build_messages
 
@@ -48,6 +48,10 @@ CANNED = {
 def canned(key: str, text: str) -> str:
     english, chinese = CANNED[key]
     return chinese if _CJK.search(text) else english
+
+
+class MessageTooLong(ValueError):
+    """The message alone does not fit the model's context."""
 
 
 @dataclass
@@ -88,6 +92,18 @@ class SupportChat:
             return clean, "prompt_injection"
         return clean, None
 
+    def check_fits(self, clean_text: str) -> None:
+        """Raises MessageTooLong when the message alone cannot fit the model's context (checked
+        before a reply starts streaming; an unreachable model is left to respond's fallback)."""
+        try:
+            context = self.client.max_model_len()
+            budget = min(self.prompt_budget, context - min(self.max_tokens, context // 2) - 8)
+            fits = self.client.count_tokens(clean_text) + 16 <= budget
+        except InferenceError:
+            return
+        if not fits:
+            raise MessageTooLong(f"content: too long for the model's context (at most about {budget} tokens)")
+
     def respond(self, tenant: Tenant, history: list[dict], clean_text: str,
                 blocked: str | None = None) -> Iterator[tuple[str, object]]:
         """One turn for an already cleaned message (see clean_input)."""
@@ -95,24 +111,37 @@ class SupportChat:
             reply = canned("blocked" if blocked == "banned_words" else "injection", clean_text)
             yield from self._canned(reply, ChatReply(reply, "blocked", 1.0, blocked=blocked))
             return
-        qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
+        try:
+            qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
+        except InferenceError:            # no embeddings: no intent, no search; say so, offer a human
+            reply = f"{canned('degraded', clean_text).split(':')[0]}. {canned('not_found', clean_text)}"
+            yield from self._canned(reply, ChatReply(reply, FALLBACK_INTENT, 0.0, degraded=True))
+            return
         intent = self.detector.classify(qvec, clean_text)
         if intent.intent == "human_agent":
             reply = canned("handoff", clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, handoff=True))
             return
-        passages = [] if intent.intent == "greeting" else self.kb.search(clean_text, qvec, self.top_k)
-        if not passages and intent.intent != "greeting":
+        found = [] if intent.intent == "greeting" else self.kb.search(clean_text, qvec, self.top_k)
+        if not found and intent.intent != "greeting":
             key = "clarify" if not intent.confident else "not_found"
             reply = canned(key, clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
-        # the prompt and the reply share the model's context
-        context = self.client.max_model_len()
-        max_tokens = min(self.max_tokens, context // 2)
-        budget = min(self.prompt_budget, context - max_tokens - 8)
-        messages, passages = build_messages(tenant.system_prompt, passages, history, clean_text,
-                                            self.client.count_tokens, budget)
+        try:
+            # the prompt and the reply share the model's context
+            context = self.client.max_model_len()
+            max_tokens = min(self.max_tokens, context // 2)
+            budget = min(self.prompt_budget, context - max_tokens - 8)
+            messages, passages = build_messages(tenant.system_prompt, found, history, clean_text,
+                                                self.client.count_tokens, budget)
+        except InferenceError:
+            yield from self._degraded(clean_text, found, intent, [])
+            return
+        if found and not passages:        # no room for any passage: don't let the model guess
+            reply = canned("not_found", clean_text)
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
+            return
         citations = _citations(passages)
         guard = StreamGuard(self.banned)
         parts: list[str] = []
@@ -123,20 +152,24 @@ class SupportChat:
                     parts.append(out)
                     yield "token", out
         except InferenceError:
-            if parts:                     # mid-reply: end what was said, then the fallback
-                parts.append("\n\n")
-                yield "token", "\n\n"
-            fallback = self._degraded_text(clean_text, passages)
-            parts.append(fallback)
-            yield "token", fallback
-            yield "done", ChatReply("".join(parts), intent.intent, intent.confidence, citations[:1],
-                                    handoff=False, degraded=True)
+            yield from self._degraded(clean_text, passages, intent, parts)
             return
         tail = guard.finish()
         if tail:
             parts.append(tail)
             yield "token", tail
         yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, citations)
+
+    def _degraded(self, text: str, passages: list[Passage], intent, parts: list[str]) -> Iterator[tuple[str, object]]:
+        """The model failed: end what was said, then the best passage with its citation."""
+        if parts:
+            parts.append("\n\n")
+            yield "token", "\n\n"
+        fallback = self._degraded_text(text, passages)
+        parts.append(fallback)
+        yield "token", fallback
+        yield "done", ChatReply("".join(parts), intent.intent, intent.confidence, _citations(passages)[:1],
+                                handoff=False, degraded=True)
 
     def _degraded_text(self, text: str, passages: list[Passage]) -> str:
         if not passages:

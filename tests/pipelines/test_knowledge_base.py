@@ -100,3 +100,18 @@ def test_small_batches_embed_exactly_like_sentence_transformers(embedder):
     direct = embedder.embed(texts)
     reference = embedder.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     assert abs(direct - reference).max() < 1e-5
+
+
+def test_bad_files_and_a_corrupt_cache_do_not_break_search(embedder, tmp_path):
+    folder, cache = tmp_path / "kb", tmp_path / "cache"
+    folder.mkdir()
+    (folder / "gift.md").write_text("# Gift wrap\n\n## Cost\n\nGift wrapping costs $3 per item.\n", encoding="utf-8")
+    kb = KnowledgeBase(embedder.embed, folder, cache, check_interval=0)
+    for f in cache.glob("*.npy"):
+        f.write_bytes(b"not a numpy file")
+    again = KnowledgeBase(embedder.embed, folder, cache, check_interval=0)          # corrupt cache: a miss
+    assert again.num_builds == 1
+    (folder / "latin1.md").write_bytes("# Caf\xe9 mugs\n\nOur caf\xe9 mugs hold 350 ml.\n".encode("latin-1"))
+    q = "How much does gift wrapping cost?"
+    assert kb.search(q, embedder.embed([q])[0])[0].chunk.source == "gift.md"
+    assert len(kb.chunks) == 2                        # the undecodable bytes were replaced, not fatal
