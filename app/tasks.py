@@ -12,7 +12,6 @@ from celery import Celery, Task, shared_task
 from flask import Flask, current_app, has_app_context
 
 from filters.stream_guard import sanitize
-
 from pipelines.inference_client import InferenceError
 
 SUMMARY_PROMPT = ("Summarise this customer-support conversation for the human agent taking it over, in at "
