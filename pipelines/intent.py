@@ -58,7 +58,7 @@ def load_intents(path: str | os.PathLike | None = None) -> dict[str, list[str]]:
 
 
 class IntentDetector:
-    def __init__(self, intents: dict[str, list[str]], embed, threshold: float = 0.35, margin: float = 0.0,
+    def __init__(self, intents: dict[str, list[str]], embed, threshold: float = 0.35, margin: float = 0.01,
                  temperature: float = 0.05, lexical_weight: float = 0.3):
         """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed)."""
         self.names = list(intents)
