@@ -16,6 +16,7 @@ from pathlib import Path
 from flask import Flask, abort, jsonify, send_from_directory
 
 from app.chat import bp as chat_bp
+from app.completion import init_completion
 from app.services import ChatServices
 from app.store import MemoryStore, RedisStore
 from app.tasks import celery_init_app
@@ -53,6 +54,7 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         "services": ChatServices(app.config, client),
     }
     app.register_blueprint(chat_bp)
+    init_completion(app)
 
     @app.get("/")
     def demo():

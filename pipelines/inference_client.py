@@ -37,6 +37,13 @@ class InferenceClient(Protocol):
     def max_model_len(self) -> int:
         """The chat model's context length (prompt + generated tokens)."""
 
+    def complete_stream(self, prompt: str, *, max_tokens: int, temperature: float, top_p: float,
+                        stop: list[str], seed: int | None = None, request_id: str | None = None) -> Iterator[str]:
+        """A raw completion of `prompt` (code completion), as text pieces."""
+
+    def abort(self, request_id: str) -> None:
+        """Stop a running complete_stream now (its KV blocks are freed at once)."""
+
 
 class InProcessClient:
     def __init__(self, model: str = "smollm2", **engine_args):
@@ -77,6 +84,29 @@ class InProcessClient:
         finally:
             if not stream.finished:
                 stream.abort()              # the caller stopped reading: free the KV blocks now
+
+    def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
+                        request_id=None) -> Iterator[str]:
+        from inference.sampling_params import SamplingParams
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop or None,
+                                seed=seed)
+        try:
+            stream = self.engine.add_request(prompt, params, request_id)
+        except (RuntimeError, ValueError) as exc:
+            raise InferenceError(str(exc)) from exc
+        try:
+            for delta in stream:
+                if delta.error:
+                    raise InferenceError(delta.error)
+                if delta.text:
+                    yield delta.text
+        finally:
+            if not stream.finished:
+                stream.abort()
+
+    def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            self._engine.abort(request_id)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embedder.embed(texts)

@@ -1,0 +1,144 @@
+"""The IDE code-completion API (Tabby- and OpenAI-compatible), its own blueprint; the logic is
+pipelines/completion.py.
+
+    POST /v1/completions   Tabby body {language, segments: {prefix, suffix, ...}} -> {id, choices}
+                           or OpenAI legacy body {prompt, suffix, max_tokens, ...} (SSE if stream)
+    POST /v1/events        view / select / dismiss (select_kind=line for partial accepts)
+    GET  /v1/health        what Tabby's plugins ask for on start
+
+Requests carry `Authorization: Bearer <api key>` (COMPLETION_API_KEYS; demo: demo-api-key).
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import platform
+import threading
+import time
+from collections import Counter, OrderedDict
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from pipelines.completion import CompletionService, parse_openai, parse_tabby, service_for
+from pipelines.inference_client import InferenceError
+
+bp = Blueprint("completion", __name__, url_prefix="/v1")
+EVENT_TYPES = ("view", "select", "dismiss")
+
+
+class CompletionStats:
+    """Counters for the completion endpoint (exported as metrics by the operations work)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.events: Counter = Counter()                 # (language, type) -> count
+        self.latencies_ms: list[float] = []
+        self.languages: OrderedDict[str, str] = OrderedDict()   # completion id -> language (recent)
+
+    def record_completion(self, cid: str, language: str, ms: float) -> None:
+        with self.lock:
+            self.latencies_ms.append(ms)
+            del self.latencies_ms[:-10000]
+            self.languages[cid] = language
+            while len(self.languages) > 10000:
+                self.languages.popitem(last=False)
+
+    def acceptance(self) -> dict[str, float]:
+        langs = {lang for lang, _ in self.events}
+        return {lang: self.events[(lang, "select")] / max(1, self.events[(lang, "view")]) for lang in langs}
+
+
+def _error(status: int, message: str):
+    return jsonify({"error": {"message": message, "type": "invalid_request_error"}}), status
+
+
+def _ext() -> dict:
+    return current_app.extensions["completion"]
+
+
+@bp.before_request
+def _auth():
+    if request.path == "/v1/health" and request.method == "GET":
+        return None
+    keys = current_app.config["COMPLETION_API_KEYS"]
+    header = request.headers.get("Authorization", "")
+    token = header[7:] if header.startswith("Bearer ") else ""
+    if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+        return _error(401, "invalid API key" if token else "missing Authorization: Bearer <api key>")
+    return None
+
+
+def _service() -> CompletionService:
+    ext = _ext()
+    with ext["lock"]:
+        if ext.get("service") is None:
+            ext["service"] = service_for(current_app.extensions["support_chat"]["services"].client)
+        return ext["service"]
+
+
+@bp.post("/completions")
+def completions():
+    t0 = time.perf_counter()
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object")
+    tabby = "segments" in body
+    try:
+        req = parse_tabby(body) if tabby else parse_openai(body)
+    except ValueError as exc:
+        return _error(400, str(exc))
+    try:
+        result = _service().complete(req)
+    except InferenceError as exc:                      # the reliability work adds the fallback chain
+        return _error(503, f"inference unavailable: {exc}")
+    stats: CompletionStats = _ext()["stats"]
+    stats.record_completion(result.id, req.language, (time.perf_counter() - t0) * 1e3)
+    if tabby:
+        return jsonify({"id": result.id, "choices": [{"index": i, "text": t} for i, t in enumerate(result.texts)]})
+    model = current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
+    choices = [{"text": t, "index": i, "logprobs": None, "finish_reason": "stop"} for i, t in enumerate(result.texts)]
+    payload = {"id": result.id, "object": "text_completion", "created": int(time.time()), "model": model,
+               "choices": choices}
+    if not req.stream:
+        return jsonify(payload)
+
+    def sse():
+        yield f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        yield "data: [DONE]\n\n"
+    return Response(sse(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@bp.post("/events")
+def events():
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object")
+    kind, cid = body.get("type"), body.get("completion_id")
+    if kind not in EVENT_TYPES:
+        return _error(400, f"type: must be one of {list(EVENT_TYPES)}")
+    if not isinstance(cid, str) or not cid:
+        return _error(400, "completion_id: required, a string")
+    if body.get("select_kind") not in (None, "line"):
+        return _error(400, "select_kind: must be 'line' when given")
+    stats: CompletionStats = _ext()["stats"]
+    with stats.lock:
+        language = stats.languages.get(cid, "unknown")
+        stats.events[(language, kind)] += 1
+        if kind == "select" and body.get("select_kind") == "line":
+            stats.events[(language, "select_line")] += 1
+    return jsonify({})
+
+
+@bp.get("/health")
+def health():
+    model = current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
+    return jsonify({"model": model, "device": "cpu", "arch": platform.machine(), "cpu_info": platform.processor(),
+                    "cpu_count": os.cpu_count(), "cuda_devices": [], "version": {"build_date": "", "git_sha": ""}})
+
+
+def init_completion(app) -> None:
+    keys = os.environ.get("COMPLETION_API_KEYS", "demo-api-key")
+    app.config.setdefault("COMPLETION_API_KEYS", [k for k in keys.split(",") if k])
+    app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats()}
+    app.register_blueprint(bp)

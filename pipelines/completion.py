@@ -1,0 +1,383 @@
+"""Code completion for IDEs: request shapes (Tabby's and OpenAI's legacy completions), context
+within token budgets, FIM prompt templates, stop rules, trimming, cancellation and a cache.
+
+    request -> CompletionRequest -> context (snippets as path-labelled comments + prefix end +
+    suffix start, each within its budget) -> FIM template of the model's family -> cache? ->
+    engine (temperature 0.2, top_p 0.95, max 128 tokens, stops) -> trim -> text
+
+A newer request from the same user for the same file cancels the older one: the older one's
+engine request is aborted (its KV blocks freed at once) and it returns "" at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipelines.inference_client import InferenceClient, InferenceError
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+MAX_SEGMENT_CHARS = 200_000          # longer segments are cut before tokenising (then to the budget)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    filepath: str
+    body: str
+
+
+@dataclass
+class CompletionRequest:
+    prefix: str
+    suffix: str = ""
+    language: str = "generic"
+    filepath: str | None = None
+    user: str | None = None
+    snippets: list[Snippet] = field(default_factory=list)
+    temperature: float = 0.2
+    top_p: float = 0.95
+    max_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    seed: int | None = None
+    stream: bool = False
+
+
+# ---- request shapes ------------------------------------------------------------------------------
+def _str(body: dict, key: str, default: str | None = None, where: str = "") -> str | None:
+    value = body.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}{key}: must be a string, got {type(value).__name__}")
+    return value
+
+
+def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool = False):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    ok_type = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type):
+        raise ValueError(f"{key}: must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{key}: must be in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _snippets(segments: dict, key: str) -> list[Snippet]:
+    items = segments.get(key) or []
+    if not isinstance(items, list):
+        raise ValueError(f"segments.{key}: must be a list of {{filepath, body}}")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("body"), str):
+            raise ValueError(f"segments.{key}[{i}]: must be an object with a string body")
+        path = item.get("filepath") or "snippet"
+        if not isinstance(path, str):
+            raise ValueError(f"segments.{key}[{i}].filepath: must be a string")
+        out.append(Snippet(path, item["body"][:MAX_SEGMENT_CHARS]))
+    return out
+
+
+def parse_tabby(body: dict) -> CompletionRequest:
+    """Tabby's /v1/completions body."""
+    segments = body.get("segments")
+    if not isinstance(segments, dict):
+        raise ValueError("segments: required, an object with at least a prefix")
+    prefix = _str(segments, "prefix", where="segments.")
+    if prefix is None:
+        raise ValueError("segments.prefix: required")
+    snippets = (_snippets(segments, "declarations") + _snippets(segments, "relevant_snippets_from_changed_files")
+                + _snippets(segments, "relevant_snippets_from_recently_opened_files"))
+    clipboard = _str(segments, "clipboard", where="segments.")
+    if clipboard:
+        snippets.append(Snippet("clipboard", clipboard[:MAX_SEGMENT_CHARS]))
+    return CompletionRequest(
+        prefix=prefix[-MAX_SEGMENT_CHARS:], suffix=(_str(segments, "suffix", "", "segments.") or "")[:MAX_SEGMENT_CHARS],
+        language=(_str(body, "language", "generic") or "generic").lower(), filepath=_str(segments, "filepath"),
+        user=_str(body, "user"), snippets=snippets,
+        temperature=_number(body, "temperature", 0.2, 0.0, 2.0), seed=_number(body, "seed", None, 0, 2**63 - 1, True))
+
+
+def parse_openai(body: dict) -> CompletionRequest:
+    """OpenAI's legacy /v1/completions body (prompt = the text before the cursor)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ValueError("prompt: required, a string (one prompt per request)")
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise ValueError("stop: must be a non-empty string or a list of at most 4 non-empty strings")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ValueError("stream: must be true or false")
+    return CompletionRequest(
+        prefix=prompt[-MAX_SEGMENT_CHARS:], suffix=(_str(body, "suffix", "") or "")[:MAX_SEGMENT_CHARS],
+        language=(_str(body, "language", "generic") or "generic").lower(), user=_str(body, "user"),
+        filepath=_str(body, "filepath"),
+        temperature=_number(body, "temperature", 0.2, 0.0, 2.0), top_p=_number(body, "top_p", 0.95, 1e-6, 1.0),
+        max_tokens=_number(body, "max_tokens", 128, 1, 512, True), stop=stop,
+        n=_number(body, "n", 1, 1, 4, True), seed=_number(body, "seed", None, 0, 2**63 - 1, True), stream=stream)
+
+
+# ---- configuration -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LanguageRules:
+    name: str
+    comment: str
+    stops: tuple[str, ...]
+
+
+class Languages:
+    def __init__(self, path: str | os.PathLike | None = None):
+        data = yaml.safe_load(Path(path or CONFIGS / "languages.yaml").read_text(encoding="utf-8"))
+        self.rules = {name: LanguageRules(name, spec.get("comment", "#"), tuple(spec.get("stops", [])))
+                      for name, spec in data["languages"].items()}
+        self.by_ext = {ext: name for name, spec in data["languages"].items() for ext in spec.get("extensions", [])}
+
+    def get(self, language: str, filepath: str | None = None) -> LanguageRules:
+        """Rules by language id, else by the file's extension, else generic (never an error)."""
+        if language in self.rules:
+            return self.rules[language]
+        ext = (filepath or "").rsplit(".", 1)[-1].lower() if filepath and "." in filepath else ""
+        return self.rules.get(self.by_ext.get(ext, "generic"), self.rules["generic"])
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    family: str
+    template: str
+
+    @property
+    def uses_suffix(self) -> bool:
+        return "{suffix}" in self.template
+
+    def render(self, prefix: str, suffix: str) -> str:
+        return self.template.replace("{prefix}", prefix).replace("{suffix}", suffix)
+
+
+def choose_fim_template(vocab, model_type: str | None = None, path: str | os.PathLike | None = None,
+                        family: str | None = None) -> FimTemplate:
+    """The family whose FIM tokens the tokenizer has (or whose model_type matches); `plain`
+    for a model without them. `family` forces one (FIM_FAMILY)."""
+    families = yaml.safe_load(Path(path or CONFIGS / "fim_templates.yaml").read_text(encoding="utf-8"))["families"]
+    family = family or os.environ.get("FIM_FAMILY")
+    if family:
+        if family not in families:
+            raise ValueError(f"FIM family {family!r} is not one of {sorted(families)}")
+        return FimTemplate(family, families[family]["template"])
+    for name, spec in families.items():
+        tokens = spec.get("tokens") or []
+        if (tokens and all(t in vocab for t in tokens)) or (model_type and model_type in (spec.get("model_types") or [])):
+            return FimTemplate(name, spec["template"])
+    return FimTemplate("plain", families["plain"]["template"])
+
+
+# ---- context and trimming ------------------------------------------------------------------------
+def fit_end(text: str, budget: int, count: Callable[[str], int]) -> str:
+    """The end of `text` within `budget` tokens, starting at a line boundary when cut."""
+    if not text or count(text) <= budget:
+        return text
+    for _ in range(8):
+        n = count(text)
+        if n <= budget:
+            return text
+        keep = max(1, int(len(text) * budget / n * 0.9))
+        cut = text[-keep:]
+        nl = cut.find("\n")
+        text = cut[nl + 1:] if 0 <= nl < len(cut) - 1 else cut
+    return text
+
+
+def fit_start(text: str, budget: int, count: Callable[[str], int]) -> str:
+    """The start of `text` within `budget` tokens, ending at a line boundary when cut."""
+    if not text or count(text) <= budget:
+        return text
+    for _ in range(8):
+        n = count(text)
+        if n <= budget:
+            return text
+        keep = max(1, int(len(text) * budget / n * 0.9))
+        cut = text[:keep]
+        nl = cut.rfind("\n")
+        text = cut[:nl + 1] if nl > 0 else cut
+    return text
+
+
+def snippet_comments(snippets: list[Snippet], rules: LanguageRules, budget: int, count: Callable[[str], int]) -> str:
+    """Snippets as path-labelled comments, in order, while they fit the budget."""
+    out, used = [], 0
+    for s in snippets:
+        lines = [f"{rules.comment} Path: {s.filepath}"] + [f"{rules.comment} {line}" for line in s.body.splitlines()]
+        block = "\n".join(lines) + "\n"
+        cost = count(block)
+        if used + cost > budget:
+            continue
+        out.append(block)
+        used += cost
+    return "".join(out)
+
+
+def trim_completion(text: str, suffix: str, min_chars: int = 1) -> str:
+    """Trailing whitespace off; stop where the completion starts repeating the suffix; '' when
+    nothing useful is left."""
+    first_suffix_line = suffix.split("\n", 1)[0]
+    lines = text.split("\n")
+    if first_suffix_line.strip() and lines[0].endswith(first_suffix_line):       # e.g. the closing ")"
+        lines[0] = lines[0][: len(lines[0]) - len(first_suffix_line)]
+    next_line = next((line.strip() for line in suffix.split("\n")[1:] if line.strip()), "") if not \
+        first_suffix_line.strip() else first_suffix_line.strip()
+    if next_line:
+        for i, line in enumerate(lines[1:], start=1):
+            if line.strip() == next_line:                # the suffix's next line is already there
+                lines = lines[:i]
+                break
+    out = "\n".join(lines).rstrip()
+    if len(out.strip()) < min_chars:
+        return ""
+    if suffix.strip() and suffix.lstrip().startswith(out.strip()):                # only echoes the suffix
+        return ""
+    return out
+
+
+# ---- cache ---------------------------------------------------------------------------------------
+class CompletionCache:
+    """LRU + TTL, keyed by the effective prompt and sampling settings. A "forward" hit: the user
+    typed exactly the start of a cached suggestion, so the rest of it is the answer."""
+
+    def __init__(self, capacity: int = 1024, ttl: float = 600.0):
+        self.capacity, self.ttl = capacity, ttl
+        self._items: OrderedDict[str, tuple[float, str, str, str]] = OrderedDict()   # key -> (t, ctx, settings, text)
+        self._lock = threading.Lock()
+        self.hits = self.forward_hits = self.misses = 0
+
+    @staticmethod
+    def _key(context: str, settings: str) -> str:
+        return hashlib.blake2b(f"{settings}\x00{context}".encode(), digest_size=16).hexdigest()
+
+    def get(self, context: str, settings: str) -> str | None:
+        now = time.monotonic()
+        with self._lock:
+            item = self._items.get(self._key(context, settings))
+            if item is not None and now - item[0] < self.ttl:
+                self._items.move_to_end(self._key(context, settings))
+                self.hits += 1
+                return item[3]
+            for t, ctx, st, text in reversed(self._items.values()):                 # newest first
+                if st != settings or now - t >= self.ttl or not context.startswith(ctx):
+                    continue
+                typed = context[len(ctx):]
+                if typed and text.startswith(typed) and len(text) > len(typed):
+                    self.forward_hits += 1
+                    return text[len(typed):]
+            self.misses += 1
+            return None
+
+    def put(self, context: str, settings: str, text: str) -> None:
+        key = self._key(context, settings)
+        with self._lock:
+            self._items[key] = (time.monotonic(), context, settings, text)
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+
+# ---- the service ---------------------------------------------------------------------------------
+@dataclass
+class CompletionResult:
+    id: str
+    texts: list[str]
+    cached: bool = False
+    cancelled: bool = False
+    engine_s: float = 0.0
+
+
+class CompletionService:
+    def __init__(self, client: InferenceClient, template: FimTemplate, languages: Languages | None = None,
+                 prefix_budget: int = 768, suffix_budget: int = 256, snippet_budget: int = 384,
+                 cache: CompletionCache | None = None):
+        self.client, self.template = client, template
+        self.languages = languages or Languages()
+        self.prefix_budget, self.suffix_budget, self.snippet_budget = prefix_budget, suffix_budget, snippet_budget
+        self.cache = cache or CompletionCache()
+        self._current: dict[tuple[str, str], tuple[str, threading.Event]] = {}     # (user, file) -> running
+        self._lock = threading.Lock()
+        self.num_cancelled = 0
+
+    def build_prompt(self, req: CompletionRequest) -> tuple[str, list[str]]:
+        """(the prompt, the stop sequences)."""
+        rules = self.languages.get(req.language, req.filepath)
+        count = self.client.count_tokens
+        prefix = fit_end(req.prefix, self.prefix_budget, count)
+        suffix = fit_start(req.suffix, self.suffix_budget, count) if self.template.uses_suffix else ""
+        context = snippet_comments(req.snippets, rules, self.snippet_budget, count) + prefix
+        stops = ["\n\n", "\n\r\n", *rules.stops, *req.stop]
+        return self.template.render(context, suffix), list(dict.fromkeys(stops))[:16]
+
+    def complete(self, req: CompletionRequest) -> CompletionResult:
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        prompt, stops = self.build_prompt(req)
+        settings = f"{req.temperature}|{req.top_p}|{req.max_tokens}|{req.n}|{req.seed}|{stops}|{self.template.family}"
+        cache_context = f"{prompt}\x00{req.suffix}"
+        cached = self.cache.get(cache_context, settings) if req.n == 1 else None
+        if cached is not None:
+            return CompletionResult(rid, [cached], cached=True)
+        slot = (req.user or "", req.filepath or "") if (req.user or req.filepath) else None
+        event = threading.Event()
+        if slot is not None:
+            with self._lock:
+                older = self._current.get(slot)
+                self._current[slot] = (rid, event)
+            if older is not None:                          # supersede: free its KV blocks now
+                older[1].set()
+                for i in range(4):
+                    self.client.abort(f"{older[0]}-{i}")
+                self.num_cancelled += 1
+        t0 = time.perf_counter()
+        texts = []
+        try:
+            for i in range(req.n):
+                pieces = []
+                for piece in self.client.complete_stream(prompt, max_tokens=req.max_tokens, temperature=req.temperature,
+                                                         top_p=req.top_p, stop=stops, seed=req.seed,
+                                                         request_id=f"{rid}-{i}"):
+                    if event.is_set():
+                        break
+                    pieces.append(piece)
+                if event.is_set():
+                    return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0)
+                texts.append(trim_completion("".join(pieces), req.suffix))
+        finally:
+            if slot is not None:
+                with self._lock:
+                    if self._current.get(slot, (None,))[0] == rid:
+                        del self._current[slot]
+        if req.n == 1 and texts[0]:
+            self.cache.put(cache_context, settings, texts[0])
+        return CompletionResult(rid, texts, engine_s=time.perf_counter() - t0)
+
+
+def service_for(client: InferenceClient) -> CompletionService:
+    """A service with the FIM template of the client's model (in-process: read from its
+    tokenizer; over HTTP: FIM_FAMILY, else plain)."""
+    vocab, model_type = (), None
+    engine = getattr(client, "engine", None)
+    if engine is not None:
+        hf = getattr(engine.tokenizer, "hf", None)
+        vocab = hf.get_vocab() if hf is not None else ()
+        model_type = getattr(getattr(engine.engine, "arch", None), "model_type", None)
+    return CompletionService(client, choose_fim_template(vocab, model_type))
+
+
+__all__ = ["CompletionRequest", "CompletionResult", "CompletionService", "InferenceError", "parse_openai",
+           "parse_tabby", "service_for"]
