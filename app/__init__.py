@@ -31,7 +31,7 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     redis_url = os.environ.get("REDIS_URL")
     app.config.update(
         REDIS_URL=redis_url, SESSION_TTL=int(os.environ.get("SESSION_TTL", str(7 * 24 * 3600))),
-        MAX_MESSAGE_CHARS=4000, MAX_CONTENT_LENGTH=64 * 1024,
+        MAX_MESSAGE_CHARS=4000, MAX_CONTENT_LENGTH=4 << 20, CHAT_MAX_BODY_BYTES=64 * 1024,
         KB_PATH=os.environ.get("KB_PATH"), KB_CACHE_DIR=os.environ.get("KB_CACHE_DIR"),
         INTENTS_PATH=os.environ.get("INTENTS_PATH"), BANNED_WORDS_PATH=os.environ.get("BANNED_WORDS_PATH"),
         TENANTS_PATH=os.environ.get("TENANTS_PATH"), ENGINE_ARGS={},

@@ -55,6 +55,9 @@ def _ext() -> dict:
 def _tenant_and_origin():
     origin = request.headers.get("Origin")
     registry = _ext()["tenants"]
+    limit = current_app.config["CHAT_MAX_BODY_BYTES"]
+    if (request.content_length or 0) > limit:
+        raise ApiError(413, f"request body larger than {limit} bytes")
     if request.method == "OPTIONS":                  # CORS preflight: no site key is sent with it
         if origin and not registry.any_allows_origin(origin):
             raise ApiError(403, f"origin {origin} is not allowed")
