@@ -35,6 +35,8 @@ class CompletionStats:
         self.events: Counter = Counter()                 # (language, type) -> count
         self.latencies_ms: list[float] = []
         self.languages: OrderedDict[str, str] = OrderedDict()   # completion id -> language (recent)
+        self.wasted_tokens = 0                            # generated after being superseded
+        self.cache_hits = 0
 
     def record_completion(self, cid: str, language: str, ms: float) -> None:
         with self.lock:
@@ -94,19 +96,27 @@ def completions():
         return _error(503, f"inference unavailable: {exc}")
     stats: CompletionStats = _ext()["stats"]
     stats.record_completion(result.id, req.language, (time.perf_counter() - t0) * 1e3)
+    with stats.lock:
+        stats.wasted_tokens += result.wasted_tokens
+        stats.cache_hits += result.cached
+    timing = {"Server-Timing": f"engine;dur={result.engine_s * 1e3:.2f}"}     # overhead = total - engine
     if tabby:
-        return jsonify({"id": result.id, "choices": [{"index": i, "text": t} for i, t in enumerate(result.texts)]})
+        resp = jsonify({"id": result.id, "choices": [{"index": i, "text": t} for i, t in enumerate(result.texts)]})
+        resp.headers.update(timing)
+        return resp
     model = current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
     choices = [{"text": t, "index": i, "logprobs": None, "finish_reason": "stop"} for i, t in enumerate(result.texts)]
     payload = {"id": result.id, "object": "text_completion", "created": int(time.time()), "model": model,
                "choices": choices}
     if not req.stream:
-        return jsonify(payload)
+        resp = jsonify(payload)
+        resp.headers.update(timing)
+        return resp
 
     def sse():
         yield f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
         yield "data: [DONE]\n\n"
-    return Response(sse(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return Response(sse(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache", **timing})
 
 
 @bp.post("/events")

@@ -300,6 +300,7 @@ class CompletionResult:
     cached: bool = False
     cancelled: bool = False
     engine_s: float = 0.0
+    wasted_tokens: int = 0          # pieces the engine produced after this request was superseded
 
 
 class CompletionService:
@@ -348,14 +349,17 @@ class CompletionService:
         try:
             for i in range(req.n):
                 pieces = []
+                wasted = 0
                 for piece in self.client.complete_stream(prompt, max_tokens=req.max_tokens, temperature=req.temperature,
                                                          top_p=req.top_p, stop=stops, seed=req.seed,
                                                          request_id=f"{rid}-{i}"):
                     if event.is_set():
-                        break
+                        wasted += 1        # the abort is on its way: count what still arrives
+                        continue
                     pieces.append(piece)
                 if event.is_set():
-                    return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0)
+                    return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0,
+                                            wasted_tokens=wasted)
                 texts.append(trim_completion("".join(pieces), req.suffix))
         finally:
             if slot is not None:
