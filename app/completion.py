@@ -16,11 +16,18 @@ import os
 import platform
 import threading
 import time
+import uuid
 from collections import Counter, OrderedDict
+from pathlib import Path
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from pipelines.completion import CompletionService, parse_openai, parse_tabby, service_for
+from pipelines.completion import (
+    CompletionService,
+    parse_openai,
+    parse_tabby,
+    service_for,
+)
 from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
@@ -75,7 +82,8 @@ def _service() -> CompletionService:
     ext = _ext()
     with ext["lock"]:
         if ext.get("service") is None:
-            ext["service"] = service_for(current_app.extensions["support_chat"]["services"].client)
+            ext["service"] = service_for(current_app.extensions["support_chat"]["services"].client,
+                                         current_app.config.get("CODE_INDEX_DIR"))
         return ext["service"]
 
 
@@ -147,8 +155,47 @@ def health():
                     "cpu_count": os.cpu_count(), "cuda_devices": [], "version": {"build_date": "", "git_sha": ""}})
 
 
+@bp.post("/repositories")
+def index_repository():
+    """Start indexing a repository folder (a Celery job): {"name", "path"} -> 202 {"job_id"}."""
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object")
+    name, path = body.get("name"), body.get("path")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        return _error(400, "name: required, a string (the repository's name or git_url)")
+    if not isinstance(path, str) or not path:
+        return _error(400, "path: required, a folder on the server")
+    real = Path(path).resolve()
+    roots = [Path(r).resolve() for r in current_app.config["COMPLETION_REPO_ROOTS"]]
+    if not any(real == r or r in real.parents for r in roots):
+        return _error(403, "path: not under an allowed repository root (COMPLETION_REPO_ROOTS)")
+    if not real.is_dir():
+        return _error(400, f"path: {path} is not a directory")
+    from app.tasks import index_repository as task
+    from app.tasks import start
+    job_id = uuid.uuid4().hex
+    _ext()["jobs"].set(job_id, status="queued", name=name)
+    start(task, job_id, name, str(real))
+    return jsonify({"job_id": job_id, "status": "queued"}), 202
+
+
+@bp.get("/repositories/<job_id>")
+def repository_job(job_id: str):
+    job = _ext()["jobs"].get(job_id) if len(job_id) <= 64 else None
+    if job is None:
+        return _error(404, "unknown job")
+    return jsonify(job)
+
+
 def init_completion(app) -> None:
     keys = os.environ.get("COMPLETION_API_KEYS", "demo-api-key")
     app.config.setdefault("COMPLETION_API_KEYS", [k for k in keys.split(",") if k])
-    app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats()}
+    roots = os.environ.get("COMPLETION_REPO_ROOTS", str(Path(__file__).resolve().parent.parent))
+    app.config.setdefault("COMPLETION_REPO_ROOTS", [r for r in roots.split(os.pathsep) if r])
+    from app.store import JobStore
+    from pipelines.completion import Languages
+    app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),
+                                    "jobs": JobStore(app.config.get("REDIS_URL")),
+                                    "extensions": set(Languages().by_ext)}
     app.register_blueprint(bp)

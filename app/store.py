@@ -140,3 +140,32 @@ class MemoryStore:
     def feedback(self, tenant: str, sid: str) -> list[dict]:
         item = self._get(tenant, sid)
         return [dict(f) for f in item["feedback"]] if item else []
+
+
+class JobStore:
+    """Background job status (repository indexing): Redis hash `job:{id}` when REDIS_URL is set,
+    else a dict. Entries expire after `ttl` seconds."""
+
+    def __init__(self, url: str | None, ttl: int = 7 * 24 * 3600):
+        self.ttl = ttl
+        self._mem: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self.r = None
+        if url:
+            import redis
+            self.r = redis.Redis.from_url(url, decode_responses=True)
+
+    def set(self, job_id: str, **fields) -> None:
+        fields = {k: json.dumps(v) for k, v in fields.items()}
+        if self.r is not None:
+            with self.r.pipeline() as p:
+                p.hset(f"job:{job_id}", mapping=fields)
+                p.expire(f"job:{job_id}", self.ttl)
+                p.execute()
+        else:
+            with self._lock:
+                self._mem.setdefault(job_id, {}).update(fields)
+
+    def get(self, job_id: str) -> dict | None:
+        raw = self.r.hgetall(f"job:{job_id}") if self.r is not None else dict(self._mem.get(job_id, {}))
+        return {k: json.loads(v) for k, v in raw.items()} or None

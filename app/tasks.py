@@ -75,3 +75,23 @@ def summarize_handoff(tenant_id: str, session_id: str) -> str:
     summary = sanitize(summary, ext["services"].banned) if summary else extractive_summary(messages)
     store.set_meta(tenant_id, session_id, handoff_summary=summary)
     return summary
+
+
+@shared_task(ignore_result=False, acks_late=True, max_retries=2, default_retry_delay=5, time_limit=1800)
+def index_repository(job_id: str, name: str, path: str) -> int:
+    """Build the BM25 code index of a repository folder for completion context."""
+    from pipelines.code_index import CodeIndex, safe_name
+    ext = current_app.extensions["completion"]
+    jobs = ext["jobs"]
+    jobs.set(job_id, status="running")
+    try:
+        index = CodeIndex.build(name, path, ext["extensions"])
+        index.save(current_app.config.get("CODE_INDEX_DIR"))
+    except Exception as exc:                               # recorded for the status endpoint
+        jobs.set(job_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    jobs.set(job_id, status="done", num_chunks=len(index.chunks))
+    service = ext.get("service")
+    if service is not None:
+        service.indexes[safe_name(name)] = index
+    return len(index.chunks)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from pipelines.code_index import DEFAULT_CACHE as DEFAULT_INDEX_DIR
+from pipelines.code_index import CodeIndex, safe_name
 from pipelines.inference_client import InferenceClient, InferenceError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -49,6 +51,7 @@ class CompletionRequest:
     n: int = 1
     seed: int | None = None
     stream: bool = False
+    repository: str | None = None       # git_url / name of an indexed repository
 
 
 # ---- request shapes ------------------------------------------------------------------------------
@@ -102,7 +105,7 @@ def parse_tabby(body: dict) -> CompletionRequest:
     return CompletionRequest(
         prefix=prefix[-MAX_SEGMENT_CHARS:], suffix=(_str(segments, "suffix", "", "segments.") or "")[:MAX_SEGMENT_CHARS],
         language=(_str(body, "language", "generic") or "generic").lower(), filepath=_str(segments, "filepath"),
-        user=_str(body, "user"), snippets=snippets,
+        user=_str(body, "user"), snippets=snippets, repository=_str(segments, "git_url", where="segments."),
         temperature=_number(body, "temperature", 0.2, 0.0, 2.0), seed=_number(body, "seed", None, 0, 2**63 - 1, True))
 
 
@@ -127,7 +130,8 @@ def parse_openai(body: dict) -> CompletionRequest:
         filepath=_str(body, "filepath"),
         temperature=_number(body, "temperature", 0.2, 0.0, 2.0), top_p=_number(body, "top_p", 0.95, 1e-6, 1.0),
         max_tokens=_number(body, "max_tokens", 128, 1, 512, True), stop=stop,
-        n=_number(body, "n", 1, 1, 4, True), seed=_number(body, "seed", None, 0, 2**63 - 1, True), stream=stream)
+        n=_number(body, "n", 1, 1, 4, True), seed=_number(body, "seed", None, 0, 2**63 - 1, True), stream=stream,
+        repository=_str(body, "repository"))
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -312,6 +316,7 @@ class CompletionService:
         self.prefix_budget, self.suffix_budget, self.snippet_budget = prefix_budget, suffix_budget, snippet_budget
         self.cache = cache or CompletionCache()
         self._current: dict[tuple[str, str], tuple[str, threading.Event]] = {}     # (user, file) -> running
+        self.indexes: dict[str, CodeIndex] = {}                                     # repository -> code index
         self._lock = threading.Lock()
         self.num_cancelled = 0
 
@@ -321,7 +326,13 @@ class CompletionService:
         count = self.client.count_tokens
         prefix = fit_end(req.prefix, self.prefix_budget, count)
         suffix = fit_start(req.suffix, self.suffix_budget, count) if self.template.uses_suffix else ""
-        context = snippet_comments(req.snippets, rules, self.snippet_budget, count) + prefix
+        snippets = list(req.snippets)
+        index = self.indexes.get(safe_name(req.repository or "")) or (
+            next(iter(self.indexes.values())) if len(self.indexes) == 1 else None)
+        if index is not None:           # then code from the indexed repository, near what is being typed
+            query = "\n".join(prefix.splitlines()[-12:])
+            snippets += [Snippet(c.filepath, c.body) for c in index.search(query, 3, exclude_file=req.filepath)]
+        context = snippet_comments(snippets, rules, self.snippet_budget, count) + prefix
         stops = ["\n\n", "\n\r\n", *rules.stops, *req.stop]
         return self.template.render(context, suffix), list(dict.fromkeys(stops))[:16]
 
@@ -371,16 +382,22 @@ class CompletionService:
         return CompletionResult(rid, texts, engine_s=time.perf_counter() - t0)
 
 
-def service_for(client: InferenceClient) -> CompletionService:
+def service_for(client: InferenceClient, index_dir: str | None = None) -> CompletionService:
     """A service with the FIM template of the client's model (in-process: read from its
-    tokenizer; over HTTP: FIM_FAMILY, else plain)."""
+    tokenizer; over HTTP: FIM_FAMILY, else plain) and the code indexes already built."""
     vocab, model_type = (), None
     engine = getattr(client, "engine", None)
     if engine is not None:
         hf = getattr(engine.tokenizer, "hf", None)
         vocab = hf.get_vocab() if hf is not None else ()
         model_type = getattr(getattr(engine.engine, "arch", None), "model_type", None)
-    return CompletionService(client, choose_fim_template(vocab, model_type))
+    service = CompletionService(client, choose_fim_template(vocab, model_type))
+    folder = Path(index_dir) if index_dir else DEFAULT_INDEX_DIR
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        index = CodeIndex.load(path.stem, folder)
+        if index is not None:
+            service.indexes[path.stem] = index
+    return service
 
 
 __all__ = ["CompletionRequest", "CompletionResult", "CompletionService", "InferenceError", "parse_openai",

@@ -102,3 +102,34 @@ def test_a_newer_keystroke_cancels_the_older_request_and_frees_its_blocks(web, t
     holder = Holder()
     holder.engine = engine.engine
     assert_all_blocks_free(holder)
+
+
+def test_repository_indexing_job_feeds_completion_context(tiny_client, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "geometry.py").write_text(
+        "def polygon_area(points):\n    \"\"\"Shoelace formula.\"\"\"\n    return 0.5 * abs(sum(x0 * y1 - x1 * y0 for "
+        "(x0, y0), (x1, y1) in zip(points, points[1:] + points[:1])))\n", encoding="utf-8")
+    (repo / "node_modules").mkdir()
+    (repo / "node_modules" / "junk.js").write_text("function polygon_area() {}\n", encoding="utf-8")
+    app = create_app({"KB_CACHE_DIR": str(tmp_path / "kb"), "REDIS_URL": None, "CODE_INDEX_DIR": str(tmp_path / "idx"),
+                      "COMPLETION_REPO_ROOTS": [str(tmp_path)]}, client=tiny_client)
+    web = app.test_client()
+    assert web.post("/v1/repositories", json={"name": "demo", "path": "/etc"}, headers=AUTH).status_code == 403
+    assert web.post("/v1/repositories", json={"name": "demo"}, headers=AUTH).status_code == 400
+    assert web.get("/v1/repositories/nope", headers=AUTH).status_code == 404
+    resp = web.post("/v1/repositories", json={"name": "https://git.example/demo.git", "path": str(repo)}, headers=AUTH)
+    assert resp.status_code == 202
+    job = resp.get_json()["job_id"]
+    deadline = time.time() + 30
+    while time.time() < deadline and web.get(f"/v1/repositories/{job}", headers=AUTH).get_json()["status"] != "done":
+        time.sleep(0.1)
+    status = web.get(f"/v1/repositories/{job}", headers=AUTH).get_json()
+    assert status["status"] == "done" and status["num_chunks"] == 1        # node_modules skipped
+    body = {"language": "python", "segments": {"prefix": "from pkg.geometry import polygon_area\n\narea = polygon_area(",
+                                               "filepath": "main.py", "git_url": "https://git.example/demo.git"}}
+    assert web.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+    service = app.extensions["completion"]["service"]
+    from pipelines.completion import parse_tabby
+    prompt, _ = service.build_prompt(parse_tabby(body))
+    assert "# Path: pkg/geometry.py" in prompt and prompt.endswith("area = polygon_area(")

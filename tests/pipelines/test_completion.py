@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.completion import (CompletionCache, Languages, Snippet, choose_fim_template, fit_end, fit_start,
-                                  parse_openai, parse_tabby, snippet_comments, trim_completion)
+from pipelines.completion import (
+    CompletionCache,
+    Languages,
+    Snippet,
+    choose_fim_template,
+    fit_end,
+    fit_start,
+    parse_openai,
+    parse_tabby,
+    snippet_comments,
+    trim_completion,
+)
 
 
 def words(text: str) -> int:
