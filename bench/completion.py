@@ -59,7 +59,7 @@ def typist(url: str, who: int, bursts: int, cancel: bool, out: dict) -> None:
                     "max_tokens": 32}
             t0 = time.perf_counter()
 
-            def send(k=k, body=body, t0=t0):
+            def send(k=k, body=body, t0=t0, results=results):
                 r = session.post(f"{url}/v1/completions", json=body, headers=AUTH, timeout=120)
                 results[k] = (time.perf_counter() - t0, r)
             th = threading.Thread(target=send)
