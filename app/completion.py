@@ -68,7 +68,7 @@ def _ext() -> dict:
 
 @bp.before_request
 def _auth():
-    if request.path == "/v1/health" and request.method == "GET":
+    if request.path in ("/v1/health", "/v1/metrics") and request.method == "GET":
         return None
     keys = current_app.config["COMPLETION_API_KEYS"]
     header = request.headers.get("Authorization", "")
@@ -84,6 +84,8 @@ def _service() -> CompletionService:
         if ext.get("service") is None:
             ext["service"] = service_for(current_app.extensions["support_chat"]["services"].client,
                                          current_app.config.get("CODE_INDEX_DIR"))
+            if current_app.config.get("REDIS_URL"):          # exact hits shared by every web worker
+                ext["service"].cache = CompletionCache(redis_url=current_app.config["REDIS_URL"])
         return ext["service"]
 
 
@@ -103,10 +105,21 @@ def completions():
     except InferenceError as exc:                      # the reliability work adds the fallback chain
         return _error(503, f"inference unavailable: {exc}")
     stats: CompletionStats = _ext()["stats"]
-    stats.record_completion(result.id, req.language, (time.perf_counter() - t0) * 1e3)
+    elapsed = time.perf_counter() - t0
+    stats.record_completion(result.id, req.language, elapsed * 1e3)
     with stats.lock:
         stats.wasted_tokens += result.wasted_tokens
         stats.cache_hits += result.cached
+    metrics = _ext()["metrics"]
+    metrics.latency.labels(req.language).observe(elapsed)
+    outcome = "cancelled" if result.cancelled else "cached" if result.cached else "empty" if not any(
+        result.texts) else "ok"
+    metrics.requests.labels(req.language, outcome).inc()
+    if result.cancelled:
+        metrics.cancellations.inc()
+        metrics.wasted_tokens.inc(result.wasted_tokens)
+    if result.cached:
+        metrics.cache_hits.labels(result.cache_kind).inc()
     timing = {"Server-Timing": f"engine;dur={result.engine_s * 1e3:.2f}"}     # overhead = total - engine
     if tabby:
         resp = jsonify({"id": result.id, "choices": [{"index": i, "text": t} for i, t in enumerate(result.texts)]})
@@ -145,7 +158,14 @@ def events():
         stats.events[(language, kind)] += 1
         if kind == "select" and body.get("select_kind") == "line":
             stats.events[(language, "select_line")] += 1
+    _ext()["metrics"].events.labels(language, "select_line" if body.get("select_kind") == "line" else kind).inc()
     return jsonify({})
+
+
+@bp.get("/metrics")
+def metrics():
+    body, content_type = _ext()["metrics"].render()
+    return Response(body, content_type=content_type)
 
 
 @bp.get("/health")
@@ -195,7 +215,9 @@ def init_completion(app) -> None:
     app.config.setdefault("COMPLETION_REPO_ROOTS", [r for r in roots.split(os.pathsep) if r])
     from app.store import JobStore
     from pipelines.completion import Languages
+    from monitoring.completion_metrics import CompletionMetrics
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),
+                                    "metrics": CompletionMetrics(),
                                     "jobs": JobStore(app.config.get("REDIS_URL")),
                                     "extensions": set(Languages().by_ext)}
     app.register_blueprint(bp)

@@ -257,35 +257,53 @@ def trim_completion(text: str, suffix: str, min_chars: int = 1) -> str:
 # ---- cache ---------------------------------------------------------------------------------------
 class CompletionCache:
     """LRU + TTL, keyed by the effective prompt and sampling settings. A "forward" hit: the user
-    typed exactly the start of a cached suggestion, so the rest of it is the answer."""
+    typed exactly the start of a cached suggestion, so the rest of it is the answer. With
+    `redis_url`, exact entries are also kept in Redis (SETEX), shared by every web worker;
+    forward hits come from this process's recent entries."""
 
-    def __init__(self, capacity: int = 1024, ttl: float = 600.0):
+    def __init__(self, capacity: int = 1024, ttl: float = 600.0, redis_url: str | None = None):
         self.capacity, self.ttl = capacity, ttl
         self._items: OrderedDict[str, tuple[float, str, str, str]] = OrderedDict()   # key -> (t, ctx, settings, text)
         self._lock = threading.Lock()
         self.hits = self.forward_hits = self.misses = 0
+        self.redis = None
+        if redis_url:
+            import redis
+            self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
 
     @staticmethod
     def _key(context: str, settings: str) -> str:
         return hashlib.blake2b(f"{settings}\x00{context}".encode(), digest_size=16).hexdigest()
 
-    def get(self, context: str, settings: str) -> str | None:
-        now = time.monotonic()
+    def lookup(self, context: str, settings: str) -> tuple[str, str] | None:
+        """(text, "exact" | "forward") or None."""
+        now, key = time.monotonic(), self._key(context, settings)
         with self._lock:
-            item = self._items.get(self._key(context, settings))
+            item = self._items.get(key)
             if item is not None and now - item[0] < self.ttl:
-                self._items.move_to_end(self._key(context, settings))
+                self._items.move_to_end(key)
                 self.hits += 1
-                return item[3]
+                return item[3], "exact"
+        if self.redis is not None:
+            text = self.redis.get(f"cmpl:{key}")
+            if text is not None:
+                with self._lock:
+                    self.hits += 1
+                return text, "exact"
+        with self._lock:
             for t, ctx, st, text in reversed(self._items.values()):                 # newest first
                 if st != settings or now - t >= self.ttl or not context.startswith(ctx):
                     continue
                 typed = context[len(ctx):]
                 if typed and text.startswith(typed) and len(text) > len(typed):
                     self.forward_hits += 1
-                    return text[len(typed):]
+                    return text[len(typed):], "forward"
             self.misses += 1
             return None
+
+    def get(self, context: str, settings: str) -> str | None:
+        found = self.lookup(context, settings)
+        return None if found is None else found[0]
 
     def put(self, context: str, settings: str, text: str) -> None:
         key = self._key(context, settings)
@@ -294,6 +312,8 @@ class CompletionCache:
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
+        if self.redis is not None:
+            self.redis.setex(f"cmpl:{key}", int(self.ttl), text)
 
 
 # ---- the service ---------------------------------------------------------------------------------
@@ -302,6 +322,7 @@ class CompletionResult:
     id: str
     texts: list[str]
     cached: bool = False
+    cache_kind: str = ""            # "exact" | "forward" when cached
     cancelled: bool = False
     engine_s: float = 0.0
     wasted_tokens: int = 0          # pieces the engine produced after this request was superseded
@@ -341,9 +362,9 @@ class CompletionService:
         prompt, stops = self.build_prompt(req)
         settings = f"{req.temperature}|{req.top_p}|{req.max_tokens}|{req.n}|{req.seed}|{stops}|{self.template.family}"
         cache_context = f"{prompt}\x00{req.suffix}"
-        cached = self.cache.get(cache_context, settings) if req.n == 1 else None
-        if cached is not None:
-            return CompletionResult(rid, [cached], cached=True)
+        found = self.cache.lookup(cache_context, settings) if req.n == 1 else None
+        if found is not None:
+            return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
         slot = (req.user or "", req.filepath or "") if (req.user or req.filepath) else None
         event = threading.Event()
         if slot is not None:

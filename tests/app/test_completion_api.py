@@ -133,3 +133,15 @@ def test_repository_indexing_job_feeds_completion_context(tiny_client, tmp_path)
     from pipelines.completion import parse_tabby
     prompt, _ = service.build_prompt(parse_tabby(body))
     assert "# Path: pkg/geometry.py" in prompt and prompt.endswith("area = polygon_area(")
+
+
+def test_metrics_count_requests_cache_hits_and_events(web):
+    body = {"prompt": "total = sum(", "max_tokens": 4, "temperature": 0, "language": "python"}
+    first = web.post("/v1/completions", json=body, headers=AUTH).get_json()
+    web.post("/v1/completions", json=body, headers=AUTH)
+    web.post("/v1/events", json={"type": "view", "completion_id": first["id"]}, headers=AUTH)
+    text = web.get("/v1/metrics").get_data(as_text=True)
+    assert 'completion_latency_seconds_count{language="python"}' in text
+    assert 'completion_events_total{language="python",type="view"} 1.0' in text
+    if first["choices"][0]["text"]:                       # an empty completion is not cached
+        assert 'completion_cache_hits_total{kind="exact"}' in text

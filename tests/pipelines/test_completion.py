@@ -108,3 +108,14 @@ def test_request_shapes_and_errors():
                      ({"prompt": "a", "stream": "no"}, "stream")]:
         with pytest.raises(ValueError, match=msg):
             parse_openai(bad)
+
+
+def test_exact_hits_are_shared_through_redis(redis_server):
+    import redis
+    redis.Redis.from_url("redis://127.0.0.1:6379/12").flushdb()
+    one = CompletionCache(redis_url="redis://127.0.0.1:6379/12")
+    two = CompletionCache(redis_url="redis://127.0.0.1:6379/12")           # another web worker
+    one.put("def g(", "s", "x):")
+    assert two.lookup("def g(", "s") == ("x):", "exact")
+    assert two.lookup("def g(x", "s") is None                               # forward hits are per process
+    assert one.lookup("def g(x", "s") == ("):", "forward")
