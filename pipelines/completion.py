@@ -343,6 +343,11 @@ class CompletionService:
 
     def build_prompt(self, req: CompletionRequest) -> tuple[str, list[str]]:
         """(the prompt, the stop sequences)."""
+        context, suffix, stops = self._context(req)
+        return self.template.render(context, suffix), stops
+
+    def _context(self, req: CompletionRequest) -> tuple[str, str, list[str]]:
+        """(what precedes the cursor: snippets + prefix, the suffix the template uses, stops)."""
         rules = self.languages.get(req.language, req.filepath)
         count = self.client.count_tokens
         prefix = fit_end(req.prefix, self.prefix_budget, count)
@@ -355,16 +360,12 @@ class CompletionService:
             snippets += [Snippet(c.filepath, c.body) for c in index.search(query, 3, exclude_file=req.filepath)]
         context = snippet_comments(snippets, rules, self.snippet_budget, count) + prefix
         stops = ["\n\n", "\n\r\n", *rules.stops, *req.stop]
-        return self.template.render(context, suffix), list(dict.fromkeys(stops))[:16]
+        return context, suffix, list(dict.fromkeys(stops))[:16]
 
     def complete(self, req: CompletionRequest) -> CompletionResult:
         rid = f"cmpl-{uuid.uuid4().hex}"
-        prompt, stops = self.build_prompt(req)
-        settings = f"{req.temperature}|{req.top_p}|{req.max_tokens}|{req.n}|{req.seed}|{stops}|{self.template.family}"
-        cache_context = f"{prompt}\x00{req.suffix}"
-        found = self.cache.lookup(cache_context, settings) if req.n == 1 else None
-        if found is not None:
-            return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
+        # A newer request supersedes the user's older one for this file first, even if it is
+        # then answered from the cache.
         slot = (req.user or "", req.filepath or "") if (req.user or req.filepath) else None
         event = threading.Event()
         if slot is not None:
@@ -376,30 +377,42 @@ class CompletionService:
                 for i in range(4):
                     self.client.abort(f"{older[0]}-{i}")
                 self.num_cancelled += 1
-        t0 = time.perf_counter()
-        texts = []
         try:
-            for i in range(req.n):
-                pieces = []
-                wasted = 0
-                for piece in self.client.complete_stream(prompt, max_tokens=req.max_tokens, temperature=req.temperature,
-                                                         top_p=req.top_p, stop=stops, seed=req.seed,
-                                                         request_id=f"{rid}-{i}"):
-                    if event.is_set():
-                        wasted += 1        # the abort is on its way: count what still arrives
-                        continue
-                    pieces.append(piece)
-                if event.is_set():
-                    return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0,
-                                            wasted_tokens=wasted)
-                texts.append(trim_completion("".join(pieces), req.suffix))
+            return self._complete(rid, req, event)
         finally:
             if slot is not None:
                 with self._lock:
                     if self._current.get(slot, (None,))[0] == rid:
                         del self._current[slot]
+
+    def _complete(self, rid: str, req: CompletionRequest, event: threading.Event) -> CompletionResult:
+        context, suffix, stops = self._context(req)
+        prompt = self.template.render(context, suffix)
+        # the cache key is what precedes the cursor; everything else must match exactly, so that
+        # typing the start of a suggestion extends the key ("forward" hit)
+        settings = (f"{req.temperature}|{req.top_p}|{req.max_tokens}|{req.n}|{req.seed}|{stops}|"
+                    f"{self.template.family}|{req.suffix}")
+        found = self.cache.lookup(context, settings) if req.n == 1 else None
+        if found is not None:
+            return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
+        t0 = time.perf_counter()
+        texts = []
+        for i in range(req.n):
+            pieces = []
+            wasted = 0
+            for piece in self.client.complete_stream(prompt, max_tokens=req.max_tokens, temperature=req.temperature,
+                                                     top_p=req.top_p, stop=stops, seed=req.seed,
+                                                     request_id=f"{rid}-{i}"):
+                if event.is_set():
+                    wasted += 1        # the abort is on its way: count what still arrives
+                    continue
+                pieces.append(piece)
+            if event.is_set():
+                return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0,
+                                        wasted_tokens=wasted)
+            texts.append(trim_completion("".join(pieces), req.suffix))
         if req.n == 1 and texts[0]:
-            self.cache.put(cache_context, settings, texts[0])
+            self.cache.put(context, settings, texts[0])
         return CompletionResult(rid, texts, engine_s=time.perf_counter() - t0)
 
 

@@ -145,3 +145,19 @@ def test_metrics_count_requests_cache_hits_and_events(web):
     assert 'completion_events_total{language="python",type="view"} 1.0' in text
     if first["choices"][0]["text"]:                       # an empty completion is not cached
         assert 'completion_cache_hits_total{kind="exact"}' in text
+
+
+def test_typing_the_start_of_a_suggestion_is_a_forward_cache_hit(web):
+    service = web.application.extensions["completion"]["service"]
+    prefix = "def greet(name):\n    return "
+    for attempt in range(20):                 # the tiny random model: find a prompt with a non-empty answer
+        body = {"prompt": prefix + f"'#{attempt}", "max_tokens": 12, "temperature": 0, "suffix": "\n"}
+        text = web.post("/v1/completions", json=body, headers=AUTH).get_json()["choices"][0]["text"]
+        if len(text) >= 4 and "\n" not in text[:3]:
+            break
+    else:
+        pytest.skip("the tiny model gave no usable completion")
+    forward_before = service.cache.forward_hits
+    typed = {**body, "prompt": body["prompt"] + text[:2]}
+    again = web.post("/v1/completions", json=typed, headers=AUTH).get_json()["choices"][0]["text"]
+    assert again == text[2:] and service.cache.forward_hits == forward_before + 1
