@@ -148,7 +148,6 @@ def test_metrics_count_requests_cache_hits_and_events(web):
 
 
 def test_typing_the_start_of_a_suggestion_is_a_forward_cache_hit(web):
-    service = web.application.extensions["completion"]["service"]
     prefix = "def greet(name):\n    return "
     for attempt in range(20):                 # the tiny random model: find a prompt with a non-empty answer
         body = {"prompt": prefix + f"'#{attempt}", "max_tokens": 12, "temperature": 0, "suffix": "\n"}
@@ -157,6 +156,7 @@ def test_typing_the_start_of_a_suggestion_is_a_forward_cache_hit(web):
             break
     else:
         pytest.skip("the tiny model gave no usable completion")
+    service = web.application.extensions["completion"]["service"]
     forward_before = service.cache.forward_hits
     typed = {**body, "prompt": body["prompt"] + text[:2]}
     again = web.post("/v1/completions", json=typed, headers=AUTH).get_json()["choices"][0]["text"]
