@@ -313,7 +313,7 @@ class CompletionCache:
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
         if self.redis is not None:
-            self.redis.setex(f"cmpl:{key}", int(self.ttl), text)
+            self.redis.set(f"cmpl:{key}", text, ex=int(self.ttl))
 
 
 # ---- the service ---------------------------------------------------------------------------------
