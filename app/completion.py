@@ -128,7 +128,9 @@ def completions():
     model = current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
     choices = [{"text": t, "index": i, "logprobs": None, "finish_reason": "stop"} for i, t in enumerate(result.texts)]
     payload = {"id": result.id, "object": "text_completion", "created": int(time.time()), "model": model,
-               "choices": choices}
+               "choices": choices,
+               "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                         "total_tokens": result.prompt_tokens + result.completion_tokens}}
     if not req.stream:
         resp = jsonify(payload)
         resp.headers.update(timing)

@@ -326,6 +326,8 @@ class CompletionResult:
     cancelled: bool = False
     engine_s: float = 0.0
     wasted_tokens: int = 0          # pieces the engine produced after this request was superseded
+    prompt_tokens: int = 0
+    completion_tokens: int = 0      # generated before any trimming (what the engine computed)
 
 
 class CompletionService:
@@ -396,7 +398,8 @@ class CompletionService:
         if found is not None:
             return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
         t0 = time.perf_counter()
-        texts = []
+        texts: list[str] = []
+        generated = 0
         for i in range(req.n):
             pieces = []
             wasted = 0
@@ -410,10 +413,13 @@ class CompletionService:
             if event.is_set():
                 return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0,
                                         wasted_tokens=wasted)
-            texts.append(trim_completion("".join(pieces), req.suffix))
+            raw = "".join(pieces)
+            generated += self.client.count_tokens(raw) if raw else 0
+            texts.append(trim_completion(raw, req.suffix))
         if req.n == 1 and texts[0]:
             self.cache.put(context, settings, texts[0])
-        return CompletionResult(rid, texts, engine_s=time.perf_counter() - t0)
+        return CompletionResult(rid, texts, engine_s=time.perf_counter() - t0,
+                                prompt_tokens=self.client.count_tokens(prompt), completion_tokens=generated)
 
 
 def service_for(client: InferenceClient, index_dir: str | None = None) -> CompletionService:

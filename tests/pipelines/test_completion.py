@@ -119,3 +119,33 @@ def test_exact_hits_are_shared_through_redis(redis_server):
     assert two.lookup("def g(", "s") == ("x):", "exact")
     assert two.lookup("def g(x", "s") is None                               # forward hits are per process
     assert one.lookup("def g(x", "s") == ("):", "forward")
+
+
+class ScriptedCore:
+    """Records what the service asks the engine for; answers with a fixed text."""
+
+    def __init__(self, text: str):
+        self.text, self.calls = text, []
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+    def complete_stream(self, prompt, **kw):
+        self.calls.append((prompt, kw))
+        yield self.text
+
+    def abort(self, request_id):
+        pass
+
+
+@pytest.mark.parametrize("language, filepath, expected", [
+    ("python", "a.py", ["\ndef ", "\nclass "]), ("go", "m.go", ["\nfunc "]), ("rust", "x.rs", ["\nfn "]),
+    ("unknown", "notes.txt", [])])
+def test_per_language_stops_reach_the_engine(language, filepath, expected):
+    from pipelines.completion import CompletionRequest, CompletionService
+    core = ScriptedCore("x + 1")
+    service = CompletionService(core, choose_fim_template(set()))
+    result = service.complete(CompletionRequest(prefix="y = ", language=language, filepath=filepath, stop=["END"]))
+    stops = core.calls[0][1]["stop"]
+    assert stops[:2] == ["\n\n", "\n\r\n"] and "END" in stops and all(s in stops for s in expected)
+    assert result.texts == ["x + 1"] and result.completion_tokens == 3
