@@ -399,7 +399,7 @@ class CompletionService:
             return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
         t0 = time.perf_counter()
         texts: list[str] = []
-        generated = 0
+        generated = prompt_tokens = 0
         for i in range(req.n):
             pieces = []
             wasted = 0
@@ -414,12 +414,15 @@ class CompletionService:
                 return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0,
                                         wasted_tokens=wasted)
             raw = "".join(pieces)
-            generated += self.client.count_tokens(raw) if raw else 0
+            used = getattr(self.client, "usage", lambda _: None)(f"{rid}-{i}")
+            if used is None:                                   # a client that does not report usage
+                used = (self.client.count_tokens(prompt), self.client.count_tokens(raw) if raw else 0)
+            prompt_tokens, generated = used[0], generated + used[1]
             texts.append(trim_completion(raw, req.suffix))
+        engine_s = time.perf_counter() - t0
         if req.n == 1 and texts[0]:
             self.cache.put(context, settings, texts[0])
-        return CompletionResult(rid, texts, engine_s=time.perf_counter() - t0,
-                                prompt_tokens=self.client.count_tokens(prompt), completion_tokens=generated)
+        return CompletionResult(rid, texts, engine_s=engine_s, prompt_tokens=prompt_tokens, completion_tokens=generated)
 
 
 def service_for(client: InferenceClient, index_dir: str | None = None) -> CompletionService:

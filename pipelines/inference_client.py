@@ -44,6 +44,9 @@ class InferenceClient(Protocol):
     def abort(self, request_id: str) -> None:
         """Stop a running complete_stream now (its KV blocks are freed at once)."""
 
+    def usage(self, request_id: str) -> tuple[int, int] | None:
+        """(prompt tokens, generated tokens) of a finished complete_stream, if the client knows."""
+
 
 class InProcessClient:
     def __init__(self, model: str = "smollm2", **engine_args):
@@ -51,6 +54,7 @@ class InProcessClient:
         self._engine = None
         self._embedder = None
         self._lock = threading.Lock()
+        self._usage: dict[str, tuple[int, int]] = {}          # request_id -> (prompt, generated)
 
     @property
     def engine(self):
@@ -94,19 +98,30 @@ class InProcessClient:
             stream = self.engine.add_request(prompt, params, request_id)
         except (RuntimeError, ValueError) as exc:
             raise InferenceError(str(exc)) from exc
+        usage = [0, 0]
         try:
             for delta in stream:
                 if delta.error:
                     raise InferenceError(delta.error)
+                usage = [delta.num_prompt_tokens or usage[0], delta.num_output_tokens]
                 if delta.text:
                     yield delta.text
         finally:
             if not stream.finished:
                 stream.abort()
+            if request_id is not None:
+                with self._lock:
+                    self._usage[request_id] = (usage[0], usage[1])
+                    while len(self._usage) > 4096:
+                        self._usage.pop(next(iter(self._usage)))
 
     def abort(self, request_id: str) -> None:
         if self._engine is not None:
             self._engine.abort(request_id)
+
+    def usage(self, request_id: str) -> tuple[int, int] | None:
+        with self._lock:
+            return self._usage.pop(request_id, None)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embedder.embed(texts)

@@ -37,10 +37,14 @@ def test_tabby_shape(web):
     assert isinstance(out["choices"][0]["text"], str)
 
 
-def test_openai_shape_plain_and_streamed(web):
+def test_openai_shape_plain_and_streamed(web, tiny_client):
     body = {"model": "x", "prompt": "for i in range(", "suffix": "):\n", "max_tokens": 8, "temperature": 0}
     out = web.post("/v1/completions", json=body, headers=AUTH).get_json()
     assert out["object"] == "text_completion" and out["choices"][0]["finish_reason"] == "stop"
+    usage = out["usage"]
+    assert usage["prompt_tokens"] == len(tiny_client.engine.tokenizer.encode("for i in range("))
+    assert 0 < usage["completion_tokens"] <= 8 and usage["total_tokens"] == usage["prompt_tokens"] + usage[
+        "completion_tokens"]
     streamed = web.post("/v1/completions", json={**body, "stream": True}, headers=AUTH)
     assert streamed.mimetype == "text/event-stream"
     chunks = [line[6:] for line in streamed.get_data(as_text=True).splitlines() if line.startswith("data: ")]
