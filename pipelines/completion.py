@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,8 @@ from pipelines.code_index import CodeIndex, safe_name
 from pipelines.inference_client import InferenceClient, InferenceError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-MAX_SEGMENT_CHARS = 200_000          # longer segments are cut before tokenising (then to the budget)
+MAX_SEGMENT_CHARS = 200_000
+FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend          # longer segments are cut before tokenising (then to the budget)
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,7 @@ class CompletionCache:
         self.capacity, self.ttl = capacity, ttl
         self._items: OrderedDict[str, tuple[float, str, str, str]] = OrderedDict()   # key -> (t, ctx, settings, text)
         self._lock = threading.Lock()
+        self._recent: OrderedDict[str, deque] = OrderedDict()      # settings -> last (t, context, text)
         self.hits = self.forward_hits = self.misses = 0
         self.redis = None
         if redis_url:
@@ -291,8 +293,10 @@ class CompletionCache:
                     self.hits += 1
                 return text, "exact"
         with self._lock:
-            for t, ctx, st, text in reversed(self._items.values()):                 # newest first
-                if st != settings or now - t >= self.ttl or not context.startswith(ctx):
+            # forward hits come from the last few suggestions with the same settings only: the
+            # user keeps typing into the suggestion they were just shown
+            for t, ctx, text in reversed(self._recent.get(settings, ())):
+                if now - t >= self.ttl or not context.startswith(ctx):
                     continue
                 typed = context[len(ctx):]
                 if typed and text.startswith(typed) and len(text) > len(typed):
@@ -306,12 +310,17 @@ class CompletionCache:
         return None if found is None else found[0]
 
     def put(self, context: str, settings: str, text: str) -> None:
-        key = self._key(context, settings)
+        key, now = self._key(context, settings), time.monotonic()
         with self._lock:
-            self._items[key] = (time.monotonic(), context, settings, text)
+            self._items[key] = (now, context, settings, text)
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
+            recent = self._recent.setdefault(settings, deque(maxlen=FORWARD_WINDOW))
+            recent.append((now, context, text))
+            self._recent.move_to_end(settings)
+            while len(self._recent) > 256:                 # settings differ per suffix: keep the last few
+                self._recent.popitem(last=False)
         if self.redis is not None:
             self.redis.set(f"cmpl:{key}", text, ex=int(self.ttl))
 
