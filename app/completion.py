@@ -23,6 +23,7 @@ from pathlib import Path
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from pipelines.completion import (
+    CompletionCache,
     CompletionService,
     parse_openai,
     parse_tabby,

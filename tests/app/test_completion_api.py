@@ -165,3 +165,14 @@ def test_typing_the_start_of_a_suggestion_is_a_forward_cache_hit(web):
     typed = {**body, "prompt": body["prompt"] + text[:2]}
     again = web.post("/v1/completions", json=typed, headers=AUTH).get_json()["choices"][0]["text"]
     assert again == text[2:] and service.cache.forward_hits == forward_before + 1
+
+
+def test_with_redis_configured_the_cache_is_shared(tiny_client, tmp_path, redis_server):
+    import redis
+    redis.Redis.from_url("redis://127.0.0.1:6379/11").flushdb()
+    app = create_app({"KB_CACHE_DIR": str(tmp_path / "kb"), "REDIS_URL": "redis://127.0.0.1:6379/11"},
+                     client=tiny_client)
+    web = app.test_client()
+    body = {"prompt": "answer = compute(", "max_tokens": 6, "temperature": 0}
+    assert web.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+    assert app.extensions["completion"]["service"].cache.redis is not None
