@@ -67,6 +67,15 @@ def _ext() -> dict:
     return current_app.extensions["completion"]
 
 
+def _json_object() -> dict | None:
+    body = request.get_json(silent=True)
+    return body if isinstance(body, dict) else None
+
+
+def _model_name() -> str:
+    return current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
+
+
 @bp.before_request
 def _auth():
     if request.path in ("/v1/health", "/v1/metrics") and request.method == "GET":
@@ -93,8 +102,8 @@ def _service() -> CompletionService:
 @bp.post("/completions")
 def completions():
     t0 = time.perf_counter()
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
+    body = _json_object()
+    if body is None:
         return _error(400, "request body must be a JSON object")
     tabby = "segments" in body
     try:
@@ -128,7 +137,7 @@ def completions():
         resp = jsonify({"id": result.id, "choices": [{"index": i, "text": t} for i, t in enumerate(result.texts)]})
         resp.headers.update(timing)
         return resp
-    model = current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
+    model = _model_name()
     choices = [{"text": t, "index": i, "logprobs": None, "finish_reason": "stop"} for i, t in enumerate(result.texts)]
     payload = {"id": result.id, "object": "text_completion", "created": int(time.time()), "model": model,
                "choices": choices,
@@ -147,8 +156,8 @@ def completions():
 
 @bp.post("/events")
 def events():
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
+    body = _json_object()
+    if body is None:
         return _error(400, "request body must be a JSON object")
     kind, cid = body.get("type"), body.get("completion_id")
     if kind not in EVENT_TYPES:
@@ -175,16 +184,15 @@ def metrics():
 
 @bp.get("/health")
 def health():
-    model = current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
-    return jsonify({"model": model, "device": "cpu", "arch": platform.machine(), "cpu_info": platform.processor(),
+    return jsonify({"model": _model_name(), "device": "cpu", "arch": platform.machine(), "cpu_info": platform.processor(),
                     "cpu_count": os.cpu_count(), "cuda_devices": [], "version": {"build_date": "", "git_sha": ""}})
 
 
 @bp.post("/repositories")
 def index_repository():
     """Start indexing a repository folder (a Celery job): {"name", "path"} -> 202 {"job_id"}."""
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
+    body = _json_object()
+    if body is None:
         return _error(400, "request body must be a JSON object")
     name, path = body.get("name"), body.get("path")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:

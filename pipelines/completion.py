@@ -191,31 +191,31 @@ def choose_fim_template(vocab, model_type: str | None = None, path: str | os.Pat
 # ---- context and trimming ------------------------------------------------------------------------
 def fit_end(text: str, budget: int, count: Callable[[str], int]) -> str:
     """The end of `text` within `budget` tokens, starting at a line boundary when cut."""
-    if not text or count(text) <= budget:
-        return text
-    for _ in range(8):
-        n = count(text)
-        if n <= budget:
-            return text
-        keep = max(1, int(len(text) * budget / n * 0.9))
-        cut = text[-keep:]
-        nl = cut.find("\n")
-        text = cut[nl + 1:] if 0 <= nl < len(cut) - 1 else cut
-    return text
+    return _fit(text, budget, count, keep_end=True)
 
 
 def fit_start(text: str, budget: int, count: Callable[[str], int]) -> str:
     """The start of `text` within `budget` tokens, ending at a line boundary when cut."""
-    if not text or count(text) <= budget:
-        return text
-    for _ in range(8):
+    return _fit(text, budget, count, keep_end=False)
+
+
+def _fit(text: str, budget: int, count: Callable[[str], int], keep_end: bool) -> str:
+    """Shrink by the measured chars-per-token ratio (a few tokenizer calls, not one per line)."""
+    for _ in range(9):
+        if not text:
+            return text
         n = count(text)
         if n <= budget:
             return text
         keep = max(1, int(len(text) * budget / n * 0.9))
-        cut = text[:keep]
-        nl = cut.rfind("\n")
-        text = cut[:nl + 1] if nl > 0 else cut
+        if keep_end:
+            cut = text[-keep:]
+            nl = cut.find("\n")
+            text = cut[nl + 1:] if 0 <= nl < len(cut) - 1 else cut
+        else:
+            cut = text[:keep]
+            nl = cut.rfind("\n")
+            text = cut[:nl + 1] if nl > 0 else cut
     return text
 
 
