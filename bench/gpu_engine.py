@@ -39,29 +39,11 @@ from serve import pct  # noqa: E402
 from inference import SamplingParams  # noqa: E402
 from inference.llm import LLM  # noqa: E402
 from inference.loader.presets import preset_config  # noqa: E402
+from gpu_kernels import kernel_bench, log, timed  # noqa: E402
 
 TARGETS = {"decode_roofline_fraction": 0.90, "throughput_128_tok_s": 20000, "throughput_vs_hf": 10.0,
            "serve_p99_ttft_ms": 150, "serve_p99_itl_ms": 30, "decode_attn_bw_fraction": 0.80,
            "prefill_attn_tflops": 400}
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-def timed(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Median seconds of fn() over reps, CUDA events around each call."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
 
 
 # ---- ceilings ----------------------------------------------------------------------------------
@@ -80,101 +62,6 @@ def ceilings() -> dict:
     a = b = None
     torch.cuda.empty_cache()
     return out
-
-
-# ---- kernels -----------------------------------------------------------------------------------
-
-def paged_cache(num_seqs: int, ctx: int, hkv: int, d: int, block_size: int, gen):
-    nb = num_seqs * (-(-ctx // block_size))
-    k = torch.randn(nb + 1, block_size, hkv, d, device="cuda", generator=gen, dtype=torch.bfloat16)
-    v = torch.randn(nb + 1, block_size, hkv, d, device="cuda", generator=gen, dtype=torch.bfloat16)
-    tables = torch.randperm(nb, device="cuda", generator=gen).to(torch.int32).view(num_seqs, -1)
-    return k, v, tables
-
-
-def kernel_bench(copy_bw: float, parts: set[str]) -> dict:
-    from kernels.decode_attention import (
-        choose_num_splits,
-        decode_attention,
-        decode_attention_reference,
-    )
-    from kernels.prefill_attention import prefill_attention, prefill_attention_reference
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    result = {"decode": [], "prefill": []}
-    B, CTX, D, BS = 64, 4096, 128, 16
-    for h, hkv in ((32, 32), (32, 8)) if "decode" in parts else ():
-        k, v, tables = paged_cache(B, CTX, hkv, D, BS, gen)
-        q = torch.randn(B, h, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-        lens = torch.full((B,), CTX, dtype=torch.int32, device="cuda")
-        nbytes = 2 * B * CTX * hkv * D * 2 + 2 * q.numel() * 2
-        ref = decode_attention_reference(q[:4], k, v, tables[:4], lens[:4], D ** -0.5)
-        best = None
-        for splits in sorted({1, choose_num_splits(B, hkv, CTX, sms)}):
-            for block_n in (64, 128):
-                for warps in (4,):
-                    for stages in (2, 3):
-                        out = torch.full_like(q, float("nan"))
-                        try:
-                            def fn():
-                                decode_attention(q, k, v, tables, lens, D ** -0.5, num_splits=splits, out=out,
-                                                 block_n=block_n, num_warps=warps, num_stages=stages)
-                            fn()
-                        except Exception as e:                   # e.g. out of shared memory
-                            log(f"  decode cfg {splits}/{block_n}/{warps}/{stages} failed: {type(e).__name__}")
-                            continue
-                        err = float((out[:4].float() - ref.float()).norm() / ref.float().norm())
-                        t = timed(fn, reps=20)
-                        row = {"splits": splits, "block_n": block_n, "warps": warps, "stages": stages,
-                               "us": t * 1e6, "GBps": nbytes / t / 1e9, "rel_err": err}
-                        if err < 2e-2 and (best is None or t * 1e6 < best["us"]):
-                            best = row
-        best.update(heads=h, kv_heads=hkv, batch=B, ctx=CTX, fraction_of_copy=best["GBps"] * 1e9 / copy_bw)
-        log(f"decode attn H={h} Hkv={hkv}: best {best}")
-        result["decode"].append(best)
-        k = v = None
-        torch.cuda.empty_cache()
-    T = 4096
-    for h, hkv in ((32, 32), (32, 8)) if "prefill" in parts else ():
-        k, v, tables = paged_cache(1, T, hkv, D, BS, gen)
-        q = torch.randn(T, h, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-        qs = torch.tensor([0, T], dtype=torch.int32, device="cuda")
-        lens = torch.tensor([T], dtype=torch.int32, device="cuda")
-        flops = 4 * h * D * T * (T + 1) / 2
-        ref = prefill_attention_reference(q, k, v, tables, qs, lens, D ** -0.5)
-        best = None
-        # the sweep of run 2 (bench/NOTES.md) narrowed to its leaders
-        for bm, bn in ((64, 64), (128, 64), (64, 128)):
-            for warps in (4, 8):
-                for stages in (2, 3):
-                    out = torch.full_like(q, float("nan"))
-
-                    def fn():
-                        prefill_attention(q, k, v, tables, qs, lens, T, D ** -0.5, out=out, block_m=bm,
-                                          block_n=bn, num_warps=warps, num_stages=stages)
-                    try:
-                        fn()
-                    except Exception as e:
-                        log(f"  prefill cfg {bm}/{bn}/{warps}/{stages} failed: {type(e).__name__}")
-                        continue
-                    err = float((out.float() - ref.float()).norm() / ref.float().norm())
-                    t = timed(fn, reps=10)
-                    row = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "ms": t * 1e3,
-                           "TFLOPs": flops / t / 1e12, "rel_err": err}
-                    if err < 2e-2 and (best is None or t * 1e3 < best["ms"]):
-                        best = row
-        # peer: torch SDPA (flash) on contiguous [1, H, T, D] tensors, GQA expanded
-        kc = k[tables[0].long()].reshape(-1, hkv, D)[:T].repeat_interleave(h // hkv, 1).transpose(0, 1)[None]
-        vc = v[tables[0].long()].reshape(-1, hkv, D)[:T].repeat_interleave(h // hkv, 1).transpose(0, 1)[None]
-        qc = q.transpose(0, 1)[None].contiguous()
-        kc, vc = kc.contiguous(), vc.contiguous()
-        t_sdpa = timed(lambda: torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=True), reps=10)
-        best.update(heads=h, kv_heads=hkv, tokens=T, torch_sdpa_TFLOPs=flops / t_sdpa / 1e12)
-        log(f"prefill attn H={h} Hkv={hkv}: best {best}")
-        result["prefill"].append(best)
-        k = v = kc = vc = None
-        torch.cuda.empty_cache()
-    return result
 
 
 # ---- HF peer -----------------------------------------------------------------------------------
@@ -470,8 +357,8 @@ def print_table(res: dict) -> None:
         log(f"decode attn H{d['heads']}/KV{d['kv_heads']} bs{d['batch']} ctx{d['ctx']}: {d['GBps']:.0f} GB/s "
             f"= {d['fraction_of_copy']:.1%} of copy (target 80%)")
     for p in res.get("kernels", {}).get("prefill", []):
-        log(f"prefill attn H{p['heads']}/KV{p['kv_heads']} {p['tokens']} causal: {p['TFLOPs']:.0f} TFLOP/s "
-            f"(torch SDPA {p['torch_sdpa_TFLOPs']:.0f}; target 400)")
+        log(f"prefill attn H{p['heads']}/KV{p['kv_heads']} {p.get('prefix', 0)}+{p['tokens']} causal: "
+            f"{p['TFLOPs']:.0f} TFLOP/s (torch SDPA {p.get('torch_sdpa_TFLOPs', float('nan')):.0f}; target 400)")
     for name, r in res["models"].items():
         if "decode" in r:
             d = r["decode"]

@@ -12,8 +12,14 @@ context_len - query_len + j and sees keys 0..that position (bottom-right causal)
     k/v cache      [num_blocks, block_size, Hkv, D]
 
 Grid (P, cdiv(max_query_len, BLOCK_M), H); tiles past a chunk's end return at once. Keys before
-the tile's first query position are visible to every row, so that loop runs without masks; only
-the last BLOCK_M keys (the diagonal) are masked.
+the tile's first query position are visible to every row, so those loops run without masks; only
+the diagonal (and a partial last prefix tile) is masked. With k_new / v_new the chunk's own keys
+are read from the step's K/V rows instead of through the block table: contiguous rows the
+compiler can pipeline, and no block-table load in the address chain. A fresh prompt (no cached
+prefix) then never touches the block table.
+
+    keys:  [0 ........ prefix) [prefix ...... prefix+i0) [diagonal: BLOCK_M keys]
+            paged cache          k_new rows, no mask        k_new rows, causal mask
 """
 from __future__ import annotations
 
@@ -27,35 +33,40 @@ from kernels.triton_utils import LOG2E, check_paged_attention_inputs, dot, dot_f
 
 
 @triton.jit
-def _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, n_start, n_end,
-                 scale_log2e, stride_cb, stride_cs, stride_ch,
-                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 MASKED: tl.constexpr, DOT_FP32: tl.constexpr):
+def _attend(acc, l_i, m_i, q, K, V, table, kvh, q_pos, n_start, n_end, row_base, scale_log2e,
+            stride_kb, stride_ks, stride_kh,
+            HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+            PAGED: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Online softmax over keys [n_start, n_end). PAGED: K/V in the paged cache (rows from the
+    block table); else the step's own K/V, key n at row row_base + n. MASKED: the range end and
+    the causal diagonal are masked (only the last tile or two need it)."""
     d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_start, n_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)                                     # key positions
-        if MASKED:
-            n_mask = n < n_end
-            blk = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        n_mask = n < n_end
+        if PAGED:
+            if MASKED:
+                blk = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            else:
+                blk = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+            off = blk * stride_kb + (n % BLOCK_SIZE) * stride_ks + kvh * stride_kh   # [BLOCK_N]
         else:
-            blk = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
-        off = blk * stride_cb + (n % BLOCK_SIZE) * stride_cs + kvh * stride_ch
+            off = (row_base + n) * stride_kb + kvh * stride_kh
         if MASKED:
-            k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
+            k = tl.load(K + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
         else:
-            k = tl.load(K_CACHE + off[:, None] + d[None, :])
-        s = dot(q, tl.trans(k), DOT_FP32) * scale_log2e                           # [BLOCK_M, BLOCK_N]
+            k = tl.load(K + off[:, None] + d[None, :])                     # [BLOCK_N, D]
+        s = dot(q, tl.trans(k), DOT_FP32)                                  # [BLOCK_M, BLOCK_N]
         if MASKED:
-            visible = (n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+            s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(s * scale_log2e - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if MASKED:
-            v = tl.load(V_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
+            v = tl.load(V + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
         else:
-            v = tl.load(V_CACHE + off[:, None] + d[None, :])
+            v = tl.load(V + off[:, None] + d[None, :])
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_FP32)
         m_i = m_new
     return acc, l_i, m_i
@@ -63,14 +74,15 @@ def _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, n_start,
 
 @triton.jit
 def _prefill_kernel(
-    Q, K_CACHE, V_CACHE, BLOCK_TABLES, QUERY_START, CONTEXT_LENS, OUT,
+    Q, K_CACHE, V_CACHE, K_NEW, V_NEW, BLOCK_TABLES, QUERY_START, CONTEXT_LENS, OUT,
     scale_log2e,
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
+    stride_nt, stride_nh,
     stride_bt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_NEW: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     # Longest tiles (last queries: most keys) first, so the causal tail doesn't idle the GPU.
@@ -83,7 +95,8 @@ def _prefill_kernel(
     ctx = tl.load(CONTEXT_LENS + seq)
     prefix = ctx - q_len
     kvh = h // GROUP
-    i = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # query rows of the chunk
+    i0 = tile * BLOCK_M
+    i = i0 + tl.arange(0, BLOCK_M)                                         # query rows of the chunk
     i_mask = i < q_len
     d = tl.arange(0, HEAD_DIM)
     rows = (q_start + i).to(tl.int64)            # a big step's T * stride can pass 2**31
@@ -95,15 +108,34 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table = BLOCK_TABLES + seq * stride_bt
-    # keys [0, full_end) are visible to every query of the tile: no masks there
-    full_end = ((prefix + tile * BLOCK_M) // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, 0, full_end,
-                                 scale_log2e, stride_cb, stride_cs, stride_ch,
-                                 HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_FP32)
-    tile_end = tl.minimum(prefix + (tile + 1) * BLOCK_M, ctx)
-    acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, full_end, tile_end,
-                                 scale_log2e, stride_cb, stride_cs, stride_ch,
-                                 HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_FP32)
+    tile_end = tl.minimum(prefix + i0 + BLOCK_M, ctx)
+    if HAS_NEW:
+        # cached prefix through the block table (whole tiles, then the partial one) ...
+        prefix_full = (prefix // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, 0, prefix_full, 0,
+                                scale_log2e, stride_cb, stride_cs, stride_ch,
+                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, DOT_FP32)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, prefix_full, prefix, 0,
+                                scale_log2e, stride_cb, stride_cs, stride_ch,
+                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, True, DOT_FP32)
+        # ... then the chunk's own keys, read straight from the step's K/V rows (contiguous):
+        # those before the tile's first query unmasked (BLOCK_N divides BLOCK_M), then the diagonal.
+        row_base = (q_start - prefix).to(tl.int64)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_NEW, V_NEW, table, kvh, q_pos, prefix, prefix + i0, row_base,
+                                scale_log2e, stride_nt, 0, stride_nh,
+                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, DOT_FP32)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_NEW, V_NEW, table, kvh, q_pos, prefix + i0, tile_end,
+                                row_base, scale_log2e, stride_nt, 0, stride_nh,
+                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, True, DOT_FP32)
+    else:
+        # everything from the cache: keys [0, full_end) are visible to every query of the tile
+        full_end = ((prefix + i0) // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, 0, full_end, 0,
+                                scale_log2e, stride_cb, stride_cs, stride_ch,
+                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, False, DOT_FP32)
+        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_CACHE, V_CACHE, table, kvh, q_pos, full_end, tile_end, 0,
+                                scale_log2e, stride_cb, stride_cs, stride_ch,
+                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, True, DOT_FP32)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(OUT + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(OUT.dtype.element_ty), mask=i_mask[:, None])
@@ -112,9 +144,13 @@ def _prefill_kernel(
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
                       max_query_len: int, scale: float, out: torch.Tensor | None = None,
+                      k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                       block_m: int = 128, block_n: int = 64, num_warps: int = 8,
                       num_stages: int = 2) -> torch.Tensor:
-    """See the module docstring. Returns out [T, H, D] in q's dtype; max_query_len bounds the grid."""
+    """See the module docstring. Returns out [T, H, D] in q's dtype; max_query_len bounds the grid.
+    k_new / v_new [T, Hkv, D] (optional, may be strided views of the fused qkv output): the
+    chunks' own K/V, row for row with q. Given, the kernel reads the new keys from them (contiguous
+    rows) and only the cached prefix through the block table; else everything from the cache."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "prefill_attention", q, k_cache, v_cache)
     num_tokens = q.shape[0]
@@ -127,20 +163,36 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         raise ValueError("prefill_attention: block_tables, query_start and context_lens must be int32")
     if max_query_len < 1:
         raise ValueError(f"prefill_attention: max_query_len must be >= 1, got {max_query_len}")
+    has_new = k_new is not None
+    if has_new != (v_new is not None):
+        raise ValueError("prefill_attention: pass both k_new and v_new, or neither")
+    if has_new:
+        want = (num_tokens, num_kv_heads, head_dim)
+        if (k_new.shape != want or v_new.shape != want or k_new.stride() != v_new.stride()
+                or k_new.stride(2) != 1 or k_new.dtype != q.dtype or v_new.dtype != q.dtype):
+            raise ValueError(f"prefill_attention: k_new/v_new must be {want} of {q.dtype} with equal strides and "
+                             f"a contiguous last dim; got {tuple(k_new.shape)} {k_new.dtype} / "
+                             f"{tuple(v_new.shape)} {v_new.dtype}")
+    else:
+        k_new = v_new = q                                                  # unused
     if out is None:
         out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if head_dim > 128:                                   # keep the tile within shared memory
         block_m, block_n = min(block_m, 64), min(block_n, 32)
+    if block_m % block_n:
+        raise ValueError(f"prefill_attention: block_n {block_n} must divide block_m {block_m}")
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start, context_lens, out,
+        q, k_cache, v_cache, k_new, v_new, block_tables, query_start, context_lens, out,
         scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_new.stride(0), k_new.stride(1),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=dot_fp32(q), num_warps=num_warps, num_stages=num_stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, HAS_NEW=has_new, DOT_FP32=dot_fp32(q),
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 

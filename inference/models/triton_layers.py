@@ -73,8 +73,10 @@ class TritonPagedAttention(PagedAttention):
             decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                              self.scale, num_splits=meta.num_splits, out=out[:nd])
         if meta.max_query_len:
+            # the chunks' own K/V come straight from k/v (views of the qkv output), not the cache
             prefill_attention(q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start,
-                              meta.prefill_context_lens, meta.max_query_len, self.scale, out=out[nd:])
+                              meta.prefill_context_lens, meta.max_query_len, self.scale, out=out[nd:],
+                              k_new=k[nd:], v_new=v[nd:])
         return out
 
 

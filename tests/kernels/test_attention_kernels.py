@@ -66,8 +66,26 @@ def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed,
     return rel_err(out, ref)
 
 
-def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128, block_n=64):
-    """chunks: [(cached_prefix_len, query_len)]"""
+def new_kv_rows(k, v, tables, chunks, num_heads, hkv, d):
+    """The chunks' own K/V as the engine hands them over: strided views of one fused qkv buffer,
+    row for row with q, holding what the cache holds at the chunk's positions."""
+    block_size = k.shape[1]
+    rows = []
+    for i, (p, n) in enumerate(chunks):
+        pos = torch.arange(p, p + n, device=k.device)
+        rows.append(tables[i, pos // block_size].long() * block_size + pos % block_size)
+    slots = torch.cat(rows)
+    qkv = torch.full((slots.numel(), (num_heads + 2 * hkv) * d), float("nan"), dtype=k.dtype, device=k.device)
+    k_new = qkv[:, num_heads * d:(num_heads + hkv) * d].view(-1, hkv, d)
+    v_new = qkv[:, (num_heads + hkv) * d:].view(-1, hkv, d)
+    k_new.copy_(k.view(-1, hkv, d)[slots])
+    v_new.copy_(v.view(-1, hkv, d)[slots])
+    return k_new, v_new
+
+
+def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128, block_n=64, new_kv=True):
+    """chunks: [(cached_prefix_len, query_len)]; new_kv: the chunks' K/V also passed as k_new/v_new
+    (the engine's path), else read from the cache only."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     ctx = [p + n for p, n in chunks]
     k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen)
@@ -79,8 +97,9 @@ def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128,
     qs = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
     scale = d ** -0.5
+    k_new, v_new = new_kv_rows(k, v, tables, chunks, num_heads, hkv, d) if new_kv else (None, None)
     prefill_attention(q, k, v, tables, qs, lens, max(n for _, n in chunks), scale, out=out,
-                      block_m=block_m, block_n=block_n, num_warps=4)
+                      k_new=k_new, v_new=v_new, block_m=block_m, block_n=block_n, num_warps=4)
     ref = prefill_attention_reference(q, k, v, tables, qs, lens, scale)
     return rel_err(out, ref)
 
@@ -108,9 +127,20 @@ def test_decode_more_splits_than_tiles():
 ])
 @pytest.mark.parametrize("hkv", [4, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_small(chunks, hkv, dtype):
-    err = run_prefill(chunks, 4, hkv, 32, 8, dtype, seed=len(chunks) * 11 + hkv, block_m=16, block_n=16)
+@pytest.mark.parametrize("new_kv", [True, False])
+def test_prefill_small(chunks, hkv, dtype, new_kv):
+    err = run_prefill(chunks, 4, hkv, 32, 8, dtype, seed=len(chunks) * 11 + hkv, block_m=16, block_n=16,
+                      new_kv=new_kv)
     assert err < TOL[dtype], err
+
+
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (32, 32)])
+def test_prefill_tiles_and_partial_prefix(block_m, block_n):
+    # prefix lengths off the key tile (partial masked prefix tile), several query tiles per chunk,
+    # a chunk shorter than one tile after a long prefix
+    chunks = [(21, 70), (0, 45), (37, 3), (16, 33)]
+    err = run_prefill(chunks, 4, 2, 16, 8, torch.float32, seed=block_m + block_n, block_m=block_m, block_n=block_n)
+    assert err < TOL[torch.float32], err
 
 
 def test_choose_num_splits():
@@ -139,6 +169,13 @@ def test_bad_inputs_are_value_errors():
         decode_attention(q, k, k, tables, lens, 1.0, num_splits=0)
     with pytest.raises(ValueError, match="disagree"):
         prefill_attention(q, k, k, tables, torch.zeros(2, dtype=torch.int32), lens, 1, 1.0)
+    qs = torch.tensor([0, 1, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="both"):
+        prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, k_new=torch.randn(2, 2, 32))
+    with pytest.raises(ValueError, match="k_new/v_new"):
+        prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, k_new=torch.randn(2, 4, 32), v_new=torch.randn(2, 4, 32))
+    with pytest.raises(ValueError, match="divide"):
+        prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, block_m=32, block_n=64)
 
 
 # ---- real shapes: GPU only ------------------------------------------------------------------
