@@ -73,6 +73,27 @@ def _attend(acc, l_i, m_i, q, K, V, table, kvh, q_pos, n_start, n_end, row_base,
 
 
 @triton.jit
+def _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, col, q_pos, n_start, n_end, prefix, scale_log2e,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_FP32: tl.constexpr):
+    """`_attend` over the chunk's own keys through TMA descriptors of its K/V rows (key n is row
+    n - prefix; rows past the chunk read as zeros)."""
+    for n0 in range(n_start, n_end, BLOCK_N):
+        k = k_desc.load([n0 - prefix, col])                                # [BLOCK_N, D]
+        s = dot(q, tl.trans(k), DOT_FP32)
+        if MASKED:
+            n = n0 + tl.arange(0, BLOCK_N)
+            s = tl.where((n[None, :] <= q_pos[:, None]) & (n < n_end)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s * scale_log2e - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([n0 - prefix, col])
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_FP32)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _prefill_kernel(
     Q, K_CACHE, V_CACHE, K_NEW, V_NEW, BLOCK_TABLES, QUERY_START, CONTEXT_LENS, OUT,
     scale_log2e,
@@ -82,7 +103,8 @@ def _prefill_kernel(
     stride_bt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_NEW: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_NEW: tl.constexpr, TMA: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     # Longest tiles (last queries: most keys) first, so the causal tail doesn't idle the GPU.
@@ -100,8 +122,15 @@ def _prefill_kernel(
     i_mask = i < q_len
     d = tl.arange(0, HEAD_DIM)
     rows = (q_start + i).to(tl.int64)            # a big step's T * stride can pass 2**31
-    q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
-                mask=i_mask[:, None], other=0.0)                           # [BLOCK_M, D]
+    if TMA:
+        # descriptors bounded by this chunk's rows: tiles past its end read zeros, stores clip
+        q0 = q_start.to(tl.int64)
+        q_desc = tl.make_tensor_descriptor(Q + q0 * stride_qt, shape=[q_len, NUM_HEADS * HEAD_DIM],
+                                           strides=[stride_qt, 1], block_shape=[BLOCK_M, HEAD_DIM])
+        q = q_desc.load([i0, h * HEAD_DIM])                                # [BLOCK_M, D]
+    else:
+        q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+                    mask=i_mask[:, None], other=0.0)                       # [BLOCK_M, D]
     q_pos = prefix + i
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -120,13 +149,26 @@ def _prefill_kernel(
                                 HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, True, DOT_FP32)
         # ... then the chunk's own keys, read straight from the step's K/V rows (contiguous):
         # those before the tile's first query unmasked (BLOCK_N divides BLOCK_M), then the diagonal.
-        row_base = (q_start - prefix).to(tl.int64)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_NEW, V_NEW, table, kvh, q_pos, prefix, prefix + i0, row_base,
-                                scale_log2e, stride_nt, 0, stride_nh,
-                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, DOT_FP32)
-        acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_NEW, V_NEW, table, kvh, q_pos, prefix + i0, tile_end,
-                                row_base, scale_log2e, stride_nt, 0, stride_nh,
-                                HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, True, DOT_FP32)
+        if TMA:
+            q0 = q_start.to(tl.int64)
+            kv_shape = [q_len, NUM_KV_HEADS * HEAD_DIM]
+            k_desc = tl.make_tensor_descriptor(K_NEW + q0 * stride_nt, shape=kv_shape, strides=[stride_nt, 1],
+                                               block_shape=[BLOCK_N, HEAD_DIM])
+            v_desc = tl.make_tensor_descriptor(V_NEW + q0 * stride_nt, shape=kv_shape, strides=[stride_nt, 1],
+                                               block_shape=[BLOCK_N, HEAD_DIM])
+            col = kvh * HEAD_DIM
+            acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, col, q_pos, prefix, prefix + i0,
+                                         prefix, scale_log2e, BLOCK_N, False, DOT_FP32)
+            acc, l_i, m_i = _attend_desc(acc, l_i, m_i, q, k_desc, v_desc, col, q_pos, prefix + i0, tile_end,
+                                         prefix, scale_log2e, BLOCK_N, True, DOT_FP32)
+        else:
+            row_base = (q_start - prefix).to(tl.int64)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_NEW, V_NEW, table, kvh, q_pos, prefix, prefix + i0,
+                                    row_base, scale_log2e, stride_nt, 0, stride_nh,
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, False, DOT_FP32)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, K_NEW, V_NEW, table, kvh, q_pos, prefix + i0, tile_end,
+                                    row_base, scale_log2e, stride_nt, 0, stride_nh,
+                                    HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, True, DOT_FP32)
     else:
         # everything from the cache: keys [0, full_end) are visible to every query of the tile
         full_end = ((prefix + i0) // BLOCK_N) * BLOCK_N
@@ -146,11 +188,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       max_query_len: int, scale: float, out: torch.Tensor | None = None,
                       k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
                       block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                      num_stages: int = 2) -> torch.Tensor:
+                      num_stages: int = 2, tma: bool | None = None) -> torch.Tensor:
     """See the module docstring. Returns out [T, H, D] in q's dtype; max_query_len bounds the grid.
     k_new / v_new [T, Hkv, D] (optional, may be strided views of the fused qkv output): the
     chunks' own K/V, row for row with q. Given, the kernel reads the new keys from them (contiguous
-    rows) and only the cached prefix through the block table; else everything from the cache."""
+    rows) and only the cached prefix through the block table; else everything from the cache.
+    tma: load q and the new K/V through TMA descriptors (None: wherever the layout allows)."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "prefill_attention", q, k_cache, v_cache)
     num_tokens = q.shape[0]
@@ -181,6 +224,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         block_m, block_n = min(block_m, 64), min(block_n, 32)
     if block_m % block_n:
         raise ValueError(f"prefill_attention: block_n {block_n} must divide block_m {block_m}")
+    tma_ok = has_new and tma_layout_ok(q, k_new, v_new, head_dim)
+    if tma and not tma_ok:
+        raise ValueError("prefill_attention: tma needs k_new/v_new with heads packed in each row and "
+                         "16-byte aligned rows")
+    tma = tma_ok if tma is None else tma
+    if tma:
+        triton.set_allocator(_descriptor_scratch)
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_new, v_new, block_tables, query_start, context_lens, out,
@@ -191,9 +241,24 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, HAS_NEW=has_new, DOT_FP32=dot_fp32(q),
+        BLOCK_M=block_m, BLOCK_N=block_n, HAS_NEW=has_new, TMA=tma, NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads, DOT_FP32=dot_fp32(q),
         num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def tma_layout_ok(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, head_dim: int) -> bool:
+    """TMA descriptors see q / k_new / v_new as 2-D [rows, heads * D]: heads packed in a row,
+    16-byte aligned row strides and base addresses."""
+    size = q.element_size()
+    return all(t.stride(1) == head_dim and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
+               for t in (q, k_new, v_new))
+
+
+def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory Triton asks for to build the kernel's TMA descriptors on the device."""
+    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device() if torch.cuda.is_available()
+                       else "cpu")
 
 
 def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -83,9 +83,11 @@ def new_kv_rows(k, v, tables, chunks, num_heads, hkv, d):
     return k_new, v_new
 
 
-def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128, block_n=64, new_kv=True):
+def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128, block_n=64, new_kv=True,
+                tma=None):
     """chunks: [(cached_prefix_len, query_len)]; new_kv: the chunks' K/V also passed as k_new/v_new
-    (the engine's path), else read from the cache only."""
+    (the engine's path), else read from the cache only; tma: the new K/V through TMA descriptors
+    (None: the kernel's choice) or plain pointer loads."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     ctx = [p + n for p, n in chunks]
     k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen)
@@ -99,7 +101,7 @@ def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128,
     scale = d ** -0.5
     k_new, v_new = new_kv_rows(k, v, tables, chunks, num_heads, hkv, d) if new_kv else (None, None)
     prefill_attention(q, k, v, tables, qs, lens, max(n for _, n in chunks), scale, out=out,
-                      k_new=k_new, v_new=v_new, block_m=block_m, block_n=block_n, num_warps=4)
+                      k_new=k_new, v_new=v_new, block_m=block_m, block_n=block_n, num_warps=4, tma=tma)
     ref = prefill_attention_reference(q, k, v, tables, qs, lens, scale)
     return rel_err(out, ref)
 
@@ -127,20 +129,32 @@ def test_decode_more_splits_than_tiles():
 ])
 @pytest.mark.parametrize("hkv", [4, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("new_kv", [True, False])
-def test_prefill_small(chunks, hkv, dtype, new_kv):
+@pytest.mark.parametrize("mode", ["tma", "pointers", "cache_only"])
+def test_prefill_small(chunks, hkv, dtype, mode):
     err = run_prefill(chunks, 4, hkv, 32, 8, dtype, seed=len(chunks) * 11 + hkv, block_m=16, block_n=16,
-                      new_kv=new_kv)
+                      new_kv=mode != "cache_only", tma={"tma": True, "pointers": False}.get(mode))
     assert err < TOL[dtype], err
 
 
 @pytest.mark.parametrize("block_m,block_n", [(32, 16), (32, 32)])
-def test_prefill_tiles_and_partial_prefix(block_m, block_n):
+@pytest.mark.parametrize("tma", [True, False])
+def test_prefill_tiles_and_partial_prefix(block_m, block_n, tma):
     # prefix lengths off the key tile (partial masked prefix tile), several query tiles per chunk,
     # a chunk shorter than one tile after a long prefix
     chunks = [(21, 70), (0, 45), (37, 3), (16, 33)]
-    err = run_prefill(chunks, 4, 2, 16, 8, torch.float32, seed=block_m + block_n, block_m=block_m, block_n=block_n)
+    err = run_prefill(chunks, 4, 2, 16, 8, torch.float32, seed=block_m + block_n, block_m=block_m, block_n=block_n,
+                      tma=tma)
     assert err < TOL[torch.float32], err
+
+
+def test_prefill_tma_needs_packed_rows():
+    q = torch.randn(2, 4, 32)
+    k = torch.randn(6, 8, 2, 32)
+    tables = torch.zeros(2, 3, dtype=torch.int32)
+    qs, lens = torch.tensor([0, 1, 2], dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    kv = torch.randn(2, 2, 64)[:, :, :32]                       # head stride 64 != D: heads not packed
+    with pytest.raises(ValueError, match="tma needs"):
+        prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, k_new=kv, v_new=kv, tma=True)
 
 
 def test_choose_num_splits():
@@ -207,9 +221,10 @@ def test_decode_long_context(hkv):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("num_heads,hkv", [(32, 32), (32, 8), (32, 4)])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_prefill_real_shapes(d, num_heads, hkv, block_size):
+@pytest.mark.parametrize("tma", [True, False])
+def test_prefill_real_shapes(d, num_heads, hkv, block_size, tma):
     chunks = [(0, 1), (0, 777), (1000, 255), (4095, 1), (16, 2049)]
-    assert run_prefill(chunks, num_heads, hkv, d, block_size, torch.bfloat16, seed=d + hkv) < 1.5e-2
+    assert run_prefill(chunks, num_heads, hkv, d, block_size, torch.bfloat16, seed=d + hkv, tma=tma) < 1.5e-2
 
 
 @gpu_only
