@@ -15,6 +15,13 @@ import numpy as np
 import torch
 
 from inference.config import CacheConfig, SchedulerConfig
+from inference.cuda_graphs import (
+    GRAPH_BATCH_SIZES,
+    MAX_MIXED_CHUNKS,
+    GraphSet,
+    mixed_shape_for,
+    mixed_shapes,
+)
 from inference.loader.model_loader import LoadedModel
 from inference.model_runner import ModelRunner, StepHandle, kv_bytes_per_block, num_kv_blocks
 from inference.models.triton_layers import KernelAttentionMetadata
@@ -24,8 +31,6 @@ from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOu
 from kernels.decode_attention import SPLIT_CHOICES, choose_num_splits
 
 log = logging.getLogger(__name__)
-
-GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
 def size_kv_cache(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig) -> int:
@@ -41,8 +46,15 @@ def size_kv_cache(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfi
     peak = torch.cuda.max_memory_allocated(device)
     free, total = torch.cuda.mem_get_info(device)
     non_torch = total - free - torch.cuda.memory_reserved(device)       # CUDA context, other processes
-    # decode graphs keep their own activations and logits (largest bucket) outside the profiled pool
-    graph_reserve = 2 * min(sched.max_num_seqs, 512) * loaded.arch.vocab_size * 4 + (256 << 20)
+    # Graphs keep their own activations outside the profiled pool: decode graphs their logits
+    # (largest bucket), mixed graphs one layer's activations for their largest shape (x2 for the
+    # allocator's slack).
+    arch = loaded.arch
+    mixed_rows = max((d + p for d, p in mixed_shapes(sched.max_num_seqs, sched.max_num_batched_tokens)), default=0)
+    per_row = (4 * arch.hidden_size + (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
+               + 3 * arch.intermediate_size) * loaded.dtype.itemsize
+    graph_reserve = (2 * min(sched.max_num_seqs, 512) * arch.vocab_size * 4 + 2 * mixed_rows * per_row
+                     + (256 << 20))
     budget = int(total * cache.gpu_memory_utilization) - peak - non_torch - graph_reserve
     log.info("GPU memory: total %.1f GiB, weights+activation peak %.2f GiB, other %.2f GiB -> KV %.2f GiB",
              total / 2**30, peak / 2**30, non_torch / 2**30, budget / 2**30)
@@ -93,7 +105,9 @@ def run_largest_step(loaded: LoadedModel, sched: SchedulerConfig, kv_caches, wri
 
 class CudaModelRunner(ModelRunner):
     def __init__(self, loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig, num_blocks: int,
-                 seed: int = 0, enforce_eager: bool = False):
+                 seed: int = 0, enforce_eager: bool = False, mixed_layout: bool | None = None):
+        """mixed_layout: run prefill-carrying steps in the padded layout of the mixed graphs
+        (default: when graphs are captured; tests turn it on for the eager CPU path)."""
         super().__init__(loaded, cache, num_blocks, seed)
         self.loaded = loaded
         dev = self.device
@@ -102,8 +116,11 @@ class CudaModelRunner(ModelRunner):
         on_cuda = dev.type == "cuda"    # the CPU only runs this under the Triton interpreter (tests)
         self.overlaps = on_cuda
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if on_cuda else 4
-        max_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs)
         max_seqs = sched.max_num_seqs
+        if mixed_layout is None:
+            mixed_layout = on_cuda and not enforce_eager
+        self.mixed_shapes = mixed_shapes(max_seqs, sched.max_num_batched_tokens) if mixed_layout else []
+        max_tokens = max([sched.max_num_batched_tokens, max_seqs] + [d + p for d, p in self.mixed_shapes])
         # pinned host staging -> persistent device buffers (graphs read the device ones in place)
         self.h_ids = torch.zeros(max_tokens, dtype=torch.long, pin_memory=on_cuda)
         self.h_pos = torch.zeros(max_tokens, dtype=torch.long, pin_memory=on_cuda)
@@ -116,8 +133,17 @@ class CudaModelRunner(ModelRunner):
         self.d_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=dev)
         self.d_ctx = torch.ones(max_seqs, dtype=torch.int32, device=dev)
         self.d_tables = torch.zeros(max_seqs, self.max_blocks, dtype=torch.int32, device=dev)
+        # prefill chunks of a mixed-layout step: block tables, query offsets, context lengths
+        self.h_pf_tables = torch.zeros(MAX_MIXED_CHUNKS, self.max_blocks, dtype=torch.int32, pin_memory=on_cuda)
+        self.h_pf_starts = torch.zeros(MAX_MIXED_CHUNKS + 1, dtype=torch.int32, pin_memory=on_cuda)
+        self.h_pf_ctx = torch.ones(MAX_MIXED_CHUNKS, dtype=torch.int32, pin_memory=on_cuda)
+        self.d_pf_tables = torch.zeros(MAX_MIXED_CHUNKS, self.max_blocks, dtype=torch.int32, device=dev)
+        self.d_pf_starts = torch.zeros(MAX_MIXED_CHUNKS + 1, dtype=torch.int32, device=dev)
+        self.d_pf_ctx = torch.ones(MAX_MIXED_CHUNKS, dtype=torch.int32, device=dev)
         self.copied = torch.cuda.Event() if on_cuda else None   # staging may be rewritten once fired
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # batch -> (graph, logits)
+        # decode batch B -> (graph, logits); mixed (Bd, Tp) -> (graph, hidden states)
+        self.graphs = GraphSet()
+        self.decode_sizes: list[int] = []
         self.sched_config = sched
         if on_cuda:
             self.warm_up_kernels()
@@ -154,21 +180,30 @@ class CudaModelRunner(ModelRunner):
         hidden = self.model(self.d_ids[:batch], self.d_pos[:batch], self.kv_caches, meta)
         return self.model.compute_logits(hidden)                            # [batch, vocab]
 
+    def _mixed_forward(self, shape: tuple[int, int]) -> torch.Tensor:
+        """The model over the mixed layout (see inference/cuda_graphs.py) in the device buffers."""
+        bd, tp = shape
+        rows = bd + tp
+        meta = KernelAttentionMetadata(
+            self.d_slots[:rows], bd, self.d_tables[:bd], self.d_ctx[:bd], self._graph_splits(bd) if bd else 1,
+            prefill_block_tables=self.d_pf_tables, prefill_query_start=self.d_pf_starts,
+            prefill_context_lens=self.d_pf_ctx, max_query_len=tp)
+        return self.model(self.d_ids[:rows], self.d_pos[:rows], self.kv_caches, meta)   # [rows, hidden]
+
     @torch.inference_mode()
     def capture_graphs(self, max_batch: int) -> None:
+        """Mixed shapes, then decode batches, largest first (smaller ones reuse the pool's memory).
+        Every slot is -1 and every chunk empty while capturing: nothing is written to the cache."""
         start = time.perf_counter()
-        sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_batch]
-        pool = None
-        for batch in reversed(sizes):              # largest first: smaller ones reuse its memory
+        for shape in sorted(self.mixed_shapes, key=lambda s: -(s[0] + s[1])):
+            self.graphs.capture(shape, lambda shape=shape: self._mixed_forward(shape))
+        self.decode_sizes = [b for b in GRAPH_BATCH_SIZES if b <= max_batch]
+        for batch in reversed(self.decode_sizes):
             meta = self._decode_meta(batch, self._graph_splits(batch))
-            self._decode_forward(batch, meta)      # compiles the kernels outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._decode_forward(batch, meta)
-            pool = graph.pool()
-            self.graphs[batch] = (graph, logits)
+            self.graphs.capture(batch, lambda batch=batch, meta=meta: self._decode_forward(batch, meta))
         torch.cuda.synchronize(self.device)
-        log.info("captured %d decode graphs (batch %s) in %.1f s", len(sizes), sizes, time.perf_counter() - start)
+        log.info("captured %d decode graphs (batch %s) and %d mixed ones in %.1f s", len(self.decode_sizes),
+                 self.decode_sizes, len(self.mixed_shapes), time.perf_counter() - start)
 
     # ---- one step ----------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> ModelRunnerOutput:
@@ -182,24 +217,44 @@ class CudaModelRunner(ModelRunner):
         items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
         num_decodes = sum(1 for it in items if it.num_scheduled_tokens == 1)
         num_tokens = sum(it.num_scheduled_tokens for it in items)
-        graph_batch = None
-        if num_decodes == num_tokens and self.graphs:
-            graph_batch = min((b for b in self.graphs if b >= num_tokens), default=None)
-        rows = graph_batch or num_tokens
+        graph_batch = mixed = None
+        if num_decodes == num_tokens:
+            graph_batch = min((b for b in self.decode_sizes if b >= num_tokens), default=None)
+        else:
+            mixed = mixed_shape_for(num_decodes, num_tokens - num_decodes, len(items) - num_decodes,
+                                    self.mixed_shapes)
+        # rows of the flat batch, and where its prefill tokens start (padded layouts: see cuda_graphs.py)
+        rows, decode_rows = ((graph_batch, graph_batch) if graph_batch else (sum(mixed), mixed[0]) if mixed
+                             else (num_tokens, num_decodes))
         if self.copied is not None:
             self.copied.synchronize()              # last step's copies have read the staging buffers
-        sample_rows, waiting_rows = self._stage_inputs(items, num_decodes, rows)
+        sample_rows, waiting_rows = self._stage_inputs(items, num_decodes, rows, decode_rows)
         dev = self.device
-        if graph_batch is not None:
+        if mixed is not None:
+            self._stage_chunks(items[num_decodes:])
+            bd = decode_rows
+            for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
+                d[:rows].copy_(h[:rows], non_blocking=True)
+            self.d_ctx[:bd].copy_(self.h_ctx[:bd], non_blocking=True)
+            self.d_tables[:bd].copy_(self.h_tables[:bd], non_blocking=True)
+            for h, d in ((self.h_pf_tables, self.d_pf_tables), (self.h_pf_starts, self.d_pf_starts),
+                         (self.h_pf_ctx, self.d_pf_ctx)):
+                d.copy_(h, non_blocking=True)
+            if self.copied is not None:
+                self.copied.record()
+            self._take_prev_tokens(self.d_ids, waiting_rows, items, prev)
+            hidden = self.graphs.replay(mixed) if mixed in self.graphs else self._mixed_forward(mixed)
+            if not sample_rows:
+                return StepHandle(output=ModelRunnerOutput())
+            logits = self.model.compute_logits(hidden[list_to_device(sample_rows, torch.long, dev)])
+        elif graph_batch is not None:
             for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
                 d[:rows].copy_(h[:rows], non_blocking=True)
             self.d_ctx[:rows].copy_(self.h_ctx[:rows], non_blocking=True)
             self.d_tables[:rows].copy_(self.h_tables[:rows], non_blocking=True)
             self.copied.record()                   # graphs only exist on CUDA
             self._take_prev_tokens(self.d_ids, waiting_rows, items, prev)
-            graph, logits = self.graphs[graph_batch]
-            graph.replay()
-            logits = logits[:num_tokens]
+            logits = self.graphs.replay(graph_batch)[:num_tokens]
             if len(sample_rows) != num_tokens:
                 logits = logits[list_to_device(sample_rows, torch.long, dev)]
         else:
@@ -237,11 +292,13 @@ class CudaModelRunner(ModelRunner):
         return handle
 
 
-    def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int,
-                      rows: int) -> tuple[list[int], list[int]]:
+    def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int, rows: int,
+                      decode_rows: int) -> tuple[list[int], list[int]]:
         """Token ids, positions, slots (and decode block tables / context lengths) into the pinned
-        staging buffers; returns the flat-batch rows that sample, and the decode rows whose input
-        token is the previous step's sample, still on the device (async scheduling)."""
+        staging buffers: decodes from row 0, prefill tokens from row decode_rows, padding rows
+        (slot -1, context 1) up to rows. Returns the flat-batch rows that sample, and the decode
+        rows whose input token is the previous step's sample, still on the device (async
+        scheduling)."""
         ids, pos, slots = self.h_ids.numpy(), self.h_pos.numpy(), self.h_slots.numpy()
         ctx, tables = self.h_ctx.numpy(), self.h_tables.numpy()
         bs, nd = self.block_size, num_decodes
@@ -269,7 +326,9 @@ class CudaModelRunner(ModelRunner):
                 tables[i, :len(table)] = table
                 staged[i] = (req, len(table), req.num_preemptions)
         sample_rows = [i for i, it in enumerate(decodes) if it.needs_sample]
-        t = nd
+        if decode_rows > nd:                       # graph padding rows after the decodes
+            ids[nd:decode_rows], pos[nd:decode_rows], slots[nd:decode_rows], ctx[nd:decode_rows] = 0, 0, -1, 1
+        t = decode_rows
         for it in items[nd:]:
             start, n, table = it.num_computed_tokens, it.num_scheduled_tokens, it.block_ids
             p = np.arange(start, start + n)
@@ -279,8 +338,8 @@ class CudaModelRunner(ModelRunner):
             t += n
             if it.needs_sample:
                 sample_rows.append(t - 1)
-        if rows > t:                               # graph padding rows
-            ids[t:rows], pos[t:rows], slots[t:rows], ctx[nd:rows] = 0, 0, -1, 1
+        if rows > t:                               # graph padding rows after the prefill tokens
+            ids[t:rows], pos[t:rows], slots[t:rows] = 0, 0, -1
         return sample_rows, waiting_rows
 
     def _take_prev_tokens(self, d_ids: torch.Tensor, waiting_rows: list[int], items: list[ScheduledRequest],
@@ -299,16 +358,31 @@ class CudaModelRunner(ModelRunner):
         d_ids[list_to_device(waiting_rows, torch.long, dev)] = prev.pending.token_ids[
             list_to_device(src, torch.long, dev)]
 
-    def _prefill_meta(self, chunks: list[ScheduledRequest], meta: KernelAttentionMetadata) -> None:
-        bs, dev = self.block_size, self.device
+    def _chunk_layout(self, chunks: list[ScheduledRequest], tables: np.ndarray) -> tuple[list[int], list[int]]:
+        """Prefill chunks' query offsets and context lengths; their block tables into `tables`."""
+        bs = self.block_size
         starts, ctx_lens = [0], []
-        for it in chunks:
+        for i, it in enumerate(chunks):
             starts.append(starts[-1] + it.num_scheduled_tokens)
-            ctx_lens.append(it.num_computed_tokens + it.num_scheduled_tokens)
-        tables = np.zeros((len(chunks), self.max_blocks), dtype=np.int32)   # fixed row stride (see decode)
-        for i, (it, c) in enumerate(zip(chunks, ctx_lens)):
+            c = it.num_computed_tokens + it.num_scheduled_tokens
+            ctx_lens.append(c)
             nb = -(-c // bs)
             tables[i, :nb] = it.block_ids[:nb]
+        return starts, ctx_lens
+
+    def _stage_chunks(self, chunks: list[ScheduledRequest]) -> None:
+        """The mixed layout's chunk metadata into its pinned buffers; unused chunks are empty."""
+        starts, ctx_lens = self._chunk_layout(chunks, self.h_pf_tables.numpy())
+        n = len(chunks)
+        self.h_pf_starts.numpy()[:n + 1] = starts
+        self.h_pf_starts.numpy()[n + 1:] = starts[-1]
+        self.h_pf_ctx.numpy()[:n] = ctx_lens
+        self.h_pf_ctx.numpy()[n:] = 1
+
+    def _prefill_meta(self, chunks: list[ScheduledRequest], meta: KernelAttentionMetadata) -> None:
+        dev = self.device
+        tables = np.zeros((len(chunks), self.max_blocks), dtype=np.int32)   # fixed row stride (see decode)
+        starts, ctx_lens = self._chunk_layout(chunks, tables)
         # Pinned, non-blocking: a pageable copy would wait for the device to finish the step in
         # flight (async scheduling) -- it cost 10 ms per prefill step on the H200.
         if dev.type == "cuda":

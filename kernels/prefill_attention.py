@@ -187,13 +187,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
                       max_query_len: int, scale: float, out: torch.Tensor | None = None,
                       k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-                      block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                      num_stages: int = 2, tma: bool | None = None) -> torch.Tensor:
+                      block_m: int = 64, block_n: int = 64, num_warps: int = 4,
+                      num_stages: int = 3, tma: bool = False) -> torch.Tensor:
     """See the module docstring. Returns out [T, H, D] in q's dtype; max_query_len bounds the grid.
     k_new / v_new [T, Hkv, D] (optional, may be strided views of the fused qkv output): the
     chunks' own K/V, row for row with q. Given, the kernel reads the new keys from them (contiguous
     rows) and only the cached prefix through the block table; else everything from the cache.
-    tma: load q and the new K/V through TMA descriptors (None: wherever the layout allows)."""
+    tma: load q and the new K/V through TMA descriptors (off by default: slower than pointer
+    loads on the H200, 298-316 vs 321-337 TFLOP/s at 4k; bench/NOTES.md run 11). The default tile
+    is that sweep's leader for fresh prompts and within noise of it after a cached prefix."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "prefill_attention", q, k_cache, v_cache)
     num_tokens = q.shape[0]
@@ -224,11 +226,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         block_m, block_n = min(block_m, 64), min(block_n, 32)
     if block_m % block_n:
         raise ValueError(f"prefill_attention: block_n {block_n} must divide block_m {block_m}")
-    tma_ok = has_new and tma_layout_ok(q, k_new, v_new, head_dim)
-    if tma and not tma_ok:
+    if tma and not (has_new and tma_layout_ok(q, k_new, v_new, head_dim)):
         raise ValueError("prefill_attention: tma needs k_new/v_new with heads packed in each row and "
                          "16-byte aligned rows")
-    tma = tma_ok if tma is None else tma
     if tma:
         triton.set_allocator(_descriptor_scratch)
     grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)

@@ -24,15 +24,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KW = dict(dtype="float32", max_model_len=256, block_size=4, kv_cache_memory_bytes=1 << 20)
 
 
-def kernel_llm(**kw) -> LLM:
-    """An LLM whose runner is the CUDA runner on DEVICE (the CPU: interpreter, eager)."""
+def kernel_llm(mixed_layout: bool | None = None, **kw) -> LLM:
+    """An LLM whose runner is the CUDA runner on DEVICE (the CPU: interpreter, eager; with
+    mixed_layout, prefill-carrying steps run in the mixed graphs' padded layout, uncaptured)."""
     config = EngineConfig.load(**{"model": "random:tiny", "device": DEVICE, **KW, **kw})
 
     def build(loaded, cfg):
         if DEVICE == "cpu":
             use_triton_kernels(loaded.model)      # the loader does this itself on CUDA
             blocks = num_kv_blocks(loaded, cfg.cache, cfg.cache.kv_cache_memory_bytes, "kv_cache_memory_bytes")
-            return CudaModelRunner(loaded, cfg.cache, cfg.scheduler, blocks, cfg.model.seed, enforce_eager=True)
+            return CudaModelRunner(loaded, cfg.cache, cfg.scheduler, blocks, cfg.model.seed, enforce_eager=True,
+                                   mixed_layout=mixed_layout)
         from inference.model_runner import build_runner
         return build_runner(loaded, cfg)
 
@@ -74,6 +76,40 @@ def test_greedy_tokens_and_logprobs_match_reference(model):
     assert type(ours.engine.runner.model.norm).__name__ == "TritonRMSNorm"
     got = ours.generate(ps, params, use_tqdm=False)
     want = ref.generate(ps, params, use_tqdm=False)
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            tok = next(iter(lw))
+            assert lg[tok].logprob == pytest.approx(lw[tok].logprob, abs=1e-3)
+    assert_all_blocks_free(ours)
+
+
+@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-gqa"])
+def test_mixed_layout_matches_reference(model):
+    # Prefill-carrying steps in the mixed graphs' layout: decodes padded to their bucket, chunks
+    # after them, padding rows that write no KV and sit in no chunk. On a GPU these steps replay
+    # captured graphs (kernel_llm's default there); on the CPU the same layout runs eagerly.
+    ps = prompts(9, seed=4)
+    params = [SamplingParams(max_tokens=random.Random(i).randint(2, 8), temperature=0, ignore_eos=True, logprobs=1)
+              for i in range(len(ps))]
+    kv = dict(kv_cache_memory_bytes=8 << 20) if model.endswith("gqa") else {}
+    ours = kernel_llm(mixed_layout=True, model=model, max_num_batched_tokens=40, **kv)
+    ref = reference_llm(ours, max_num_batched_tokens=40, **kv)
+    runner = ours.engine.runner
+    assert runner.mixed_shapes, "no mixed shapes"
+    if DEVICE == "cuda":
+        assert all(shape in runner.graphs for shape in runner.mixed_shapes), "mixed graphs not captured"
+    steps = []
+    launch = runner._launch
+
+    def spy(sched, prev):
+        steps.append(sorted(it.num_scheduled_tokens for it in sched.scheduled))
+        return launch(sched, prev)
+    with patch.object(runner, "_launch", spy):
+        got = ours.generate(ps, params, use_tqdm=False)
+    want = ref.generate(ps, params, use_tqdm=False)
+    mixed = [s for s in steps if s[0] == 1 and s[-1] > 1]
+    assert len(mixed) >= 2 and any(sum(t > 1 for t in s) >= 2 for s in steps), steps   # decodes + chunks
     for g, w in zip(got, want):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):

@@ -83,11 +83,11 @@ def new_kv_rows(k, v, tables, chunks, num_heads, hkv, d):
     return k_new, v_new
 
 
-def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=128, block_n=64, new_kv=True,
-                tma=None):
+def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=64, block_n=64, new_kv=True,
+                tma=False):
     """chunks: [(cached_prefix_len, query_len)]; new_kv: the chunks' K/V also passed as k_new/v_new
     (the engine's path), else read from the cache only; tma: the new K/V through TMA descriptors
-    (None: the kernel's choice) or plain pointer loads."""
+    instead of pointer loads."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     ctx = [p + n for p, n in chunks]
     k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen)
@@ -132,7 +132,7 @@ def test_decode_more_splits_than_tiles():
 @pytest.mark.parametrize("mode", ["tma", "pointers", "cache_only"])
 def test_prefill_small(chunks, hkv, dtype, mode):
     err = run_prefill(chunks, 4, hkv, 32, 8, dtype, seed=len(chunks) * 11 + hkv, block_m=16, block_n=16,
-                      new_kv=mode != "cache_only", tma={"tma": True, "pointers": False}.get(mode))
+                            new_kv=mode != "cache_only", tma=mode == "tma")
     assert err < TOL[dtype], err
 
 
