@@ -287,7 +287,8 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--serve-requests", type=int, default=160)
     ap.add_argument("--serve-rate", type=float, default=8.0)
-    ap.add_argument("--serve-batched-tokens", type=int, default=1024)
+    # the engine's default budget (configs/engine.yaml); bench/NOTES.md run 13 sweeps 512 / 768 / 1024
+    ap.add_argument("--serve-batched-tokens", type=int, default=512)
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--hf-batches", default="64,256")

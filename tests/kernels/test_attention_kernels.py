@@ -132,7 +132,7 @@ def test_decode_more_splits_than_tiles():
 @pytest.mark.parametrize("mode", ["tma", "pointers", "cache_only"])
 def test_prefill_small(chunks, hkv, dtype, mode):
     err = run_prefill(chunks, 4, hkv, 32, 8, dtype, seed=len(chunks) * 11 + hkv, block_m=16, block_n=16,
-                            new_kv=mode != "cache_only", tma=mode == "tma")
+                      new_kv=mode != "cache_only", tma=mode == "tma")
     assert err < TOL[dtype], err
 
 
