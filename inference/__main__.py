@@ -1,4 +1,5 @@
-"""Command line: `python -m inference chat` (streamed terminal chat) and `generate` (one prompt)."""
+"""Command line: `python -m inference chat` (streamed terminal chat), `generate` (one prompt),
+`serve` (the OpenAI-compatible service) and `quantize` (write a GPTQ / AWQ checkpoint)."""
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--enforce-eager", action="store_true", default=None, help="cuda: no CUDA graphs")
     p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
+    p.add_argument("--quantization", choices=["int8", "int4", "awq", "gptq"],
+                   help="int8/int4: quantize on load; awq/gptq: the checkpoint's format")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
-            "enforce_eager"]
+            "enforce_eager", "quantization"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 
@@ -108,6 +111,17 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def quantize(args: argparse.Namespace) -> int:
+    from inference.quantization.workflow import quantize_to_dir
+    s = quantize_to_dir(args.model, args.method, args.bits, args.group_size, args.out, symmetric=args.symmetric,
+                        num_windows=args.calib_windows, seq_len=args.seq_len, device=args.device,
+                        save_dtype=args.save_dtype)
+    print(f"wrote {s['out']} ({s['config']['quant_method']} format, {args.method}, {args.bits}-bit, group "
+          f"{args.group_size}) in {s['seconds']:.0f} s; decoder linears {s['linear_bytes_before'] / 2**20:.1f} MiB "
+          f"-> {s['linear_bytes_after'] / 2**20:.1f} MiB. Load it with LLM(model={s['out']!r}).")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p.add_argument("prompt")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("quantize", help="write a GPTQ- or AWQ-format quantized checkpoint")
+    p.add_argument("--model", required=True, help="alias, random:<preset>, HF directory or .gguf file")
+    p.add_argument("--method", required=True, choices=["rtn", "awq", "gptq"])
+    p.add_argument("--bits", type=int, default=4, help="4 or 8 (awq: 4)")
+    p.add_argument("--group-size", type=int, default=128, help="-1: one group per output channel")
+    p.add_argument("--symmetric", action="store_true", help="no zero point (GPTQ format's sym=True)")
+    p.add_argument("--calib-windows", type=int, default=32, help="stdlib text windows for gptq/awq")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--save-dtype", default="float16", help="dtype of the tensors left unquantized")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=quantize)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

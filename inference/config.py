@@ -16,6 +16,7 @@ import yaml
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 POLICIES = ("fcfs", "priority")
+QUANTIZATION = ("int8", "int4", "awq", "gptq")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class ModelConfig:
     tokenizer: str | None = None
     device: str = "cpu"
     enforce_eager: bool = False        # CUDA: no CUDA graphs (debugging, or to save their memory)
+    # int8 / int4: round-to-nearest on load; awq / gptq: the checkpoint's format (also detected
+    # from its quantization_config when left None). See inference/quantization/config.py.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -35,6 +39,8 @@ class ModelConfig:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1, got {self.max_model_len}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION:
+            raise ValueError(f"quantization: must be one of {QUANTIZATION} or None, got {self.quantization!r}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class EngineConfig:
         "tokenizer": ("model", "tokenizer"),
         "device": ("model", "device"),
         "enforce_eager": ("model", "enforce_eager"),
+        "quantization": ("model", "quantization"),
         "gpu_memory_utilization": ("cache", "gpu_memory_utilization"),
         "block_size": ("cache", "block_size"),
         "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),

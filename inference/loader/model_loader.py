@@ -16,7 +16,7 @@ import yaml
 from inference.config import CONFIG_DIR, ModelConfig
 from inference.loader.gguf import convert_gguf
 from inference.loader.presets import preset_config
-from inference.loader.weights import build_model, init_random_weights, load_safetensors
+from inference.loader.weights import build_model, checkpoint_files, init_random_weights, load_safetensors
 from inference.models.arch import ModelArch
 from inference.models.cpu_packing import cpu_packing_available, pack_linear_weights
 from inference.models.llama import LlamaForCausalLM
@@ -83,6 +83,27 @@ def resolve_model_dir(name: str) -> Path | None:
                      "'random:<preset>', a Hugging Face model directory or a .gguf file")
 
 
+def checked_quantization(config: ModelConfig, hf_config: dict):
+    """The checkpoint's QuantConfig (None for a plain one), after checking it against what was
+    asked for: errors name the mismatch before any weight is read."""
+    from inference.quantization.config import QuantConfig
+    qc = hf_config.get("quantization_config")
+    found = QuantConfig.from_hf(qc) if qc else None
+    asked = config.quantization
+    if asked in ("awq", "gptq"):
+        if found is None:
+            raise ValueError(f"quantization={asked!r}: {config.model!r} is not a quantized checkpoint (its "
+                             f"config.json has no quantization_config); make one with `python -m inference "
+                             f"quantize --model {config.model} --method {asked} --out DIR`")
+        kind = "awq" if found.method == "awq" else "gptq"
+        if kind != asked:
+            raise ValueError(f"quantization={asked!r}, but {config.model!r} is a {kind} checkpoint")
+    elif asked is not None and found is not None:
+        raise ValueError(f"quantization={asked!r}: {config.model!r} is already quantized "
+                         f"({found.method}, {found.bits}-bit); load it without quantization=")
+    return found
+
+
 def load_model(config: ModelConfig) -> LoadedModel:
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -105,18 +126,27 @@ def load_model(config: ModelConfig) -> LoadedModel:
             raise ValueError(f"max_model_len: {config.max_model_len} exceeds the model's "
                              f"context length {max_model_len}")
         max_model_len = config.max_model_len
+    checkpoint_quant = checked_quantization(config, hf_config if model_dir is not None else {})
     model = build_model(arch, max_model_len, dtype, device)
     if model_dir is None:
         init_random_weights(model, config.seed)
         tokenizer: Tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
     else:
-        load_safetensors(model, model_dir)
+        skip: frozenset[str] = frozenset()
+        if checkpoint_quant is not None:
+            from inference.quantization.checkpoint import load_quantized
+            skip = frozenset(load_quantized(model, model_dir, checkpoint_files(model_dir), checkpoint_quant))
+        load_safetensors(model, model_dir, skip)
         tokenizer_dir = Path(config.tokenizer) if config.tokenizer else model_dir
         if any((tokenizer_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             tokenizer = HFTokenizer(tokenizer_dir)
         else:
             log.warning("%s has no tokenizer files: using a byte tokenizer (pass tokenizer=DIR)", tokenizer_dir)
             tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
+    if config.quantization in ("int8", "int4"):          # before packing: it reads plain nn.Linear layers
+        from inference.quantization.config import QuantConfig
+        from inference.quantization.transform import quantize_model
+        quantize_model(model, QuantConfig.from_engine_arg(config.quantization), progress=False)
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     if device.type == "cuda":

@@ -74,8 +74,9 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_safetensors(model: LlamaForCausalLM, model_dir: Path) -> None:
-    """Copy a Hugging Face Llama-family checkpoint into `model`, fusing q/k/v and gate/up."""
+def load_safetensors(model: LlamaForCausalLM, model_dir: Path, skip: frozenset[str] = frozenset()) -> None:
+    """Copy a Hugging Face Llama-family checkpoint into `model`, fusing q/k/v and gate/up.
+    `skip`: checkpoint keys already consumed (a quantized checkpoint's projections)."""
     params = dict(model.named_parameters())
     arch = model.arch
     q, kv, inter = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim, arch.intermediate_size
@@ -91,8 +92,10 @@ def load_safetensors(model: LlamaForCausalLM, model_dir: Path) -> None:
         for path in files:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for key in f.keys():
-                    target = _target(key, qkv_offsets, gate_up_offsets)
                     bar.update(1)
+                    if key in skip:
+                        continue
+                    target = _target(key, qkv_offsets, gate_up_offsets)
                     if target is None:
                         continue
                     name, rows = target
@@ -133,8 +136,12 @@ def _target(key: str, qkv_offsets, gate_up_offsets):
 
 
 def _expected_names(model, qkv_offsets, gate_up_offsets) -> set[str]:
+    # quantized linears (they hold `qweight`) were filled by the quantized checkpoint's loader
+    quantized = tuple(f"{n}." for n, m in model.named_modules() if hasattr(m, "qweight"))
     names = set()
     for name, _ in model.named_parameters():
+        if quantized and name.startswith(quantized):
+            continue
         if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
             names.update(f"{name}[{o}]" for o, _ in qkv_offsets)
         elif name.endswith("gate_up_proj.weight"):

@@ -1,0 +1,110 @@
+"""Calibration and evaluation text, whole-sequence forward passes, and captured layer inputs.
+
+The corpus is the running Python's own standard library source (every top-level `*.py` module,
+sorted by name): any machine with the same Python rebuilds exactly the same token windows, and
+nothing is downloaded. Even-indexed modules calibrate; odd-indexed ones are held out for
+evaluation, so quality is never measured on the text the scales were fitted to.
+"""
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inference.attention import AttentionMetadata, PrefillChunk
+from inference.tokenizer import Tokenizer
+
+
+def stdlib_windows(tokenizer: Tokenizer, split: str, num_windows: int, seq_len: int) -> list[list[int]]:
+    """num_windows token windows of seq_len from the stdlib modules of one split ('calib' or 'eval')."""
+    if split not in ("calib", "eval"):
+        raise ValueError(f"split: 'calib' or 'eval', got {split!r}")
+    if num_windows < 1 or seq_len < 2:
+        raise ValueError(f"need num_windows >= 1 and seq_len >= 2, got {num_windows}, {seq_len}")
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    files = files[0::2] if split == "calib" else files[1::2]
+    windows: list[list[int]] = []
+    for path in files:
+        ids = tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))
+        for start in range(0, len(ids) - seq_len + 1, seq_len):
+            windows.append(ids[start:start + seq_len])
+            if len(windows) == num_windows:
+                return windows
+    raise ValueError(f"the stdlib holds fewer than {num_windows} windows of {seq_len} tokens ({len(windows)})")
+
+
+@torch.inference_mode()
+def forward_hidden(model: nn.Module, token_ids: list[int]) -> torch.Tensor:
+    """Final hidden states [T, hidden] of one sequence, causal, on a throwaway one-block KV cache
+    (the engine's PyTorch attention path)."""
+    device = next(model.parameters()).device
+    dtype = model.embed_tokens.weight.dtype
+    arch = model.arch
+    t = len(token_ids)
+    shape = (1, t, arch.num_key_value_heads, arch.head_dim)
+    kv = [(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+          for _ in range(arch.num_hidden_layers)]
+    meta = AttentionMetadata(slot_mapping=torch.arange(t, device=device),
+                             prefills=[PrefillChunk(0, t, t, torch.zeros(1, dtype=torch.long, device=device), None)])
+    ids = torch.tensor(token_ids, device=device)
+    return model(ids, torch.arange(t, device=device), kv, meta)
+
+
+def forward_logits(model: nn.Module, token_ids: list[int]) -> torch.Tensor:
+    """Next-token logits [T, vocab] (fp32) at every position of one sequence."""
+    with torch.inference_mode():
+        return model.compute_logits(forward_hidden(model, token_ids)).float()
+
+
+@dataclass
+class InputStats:
+    """What calibration keeps of one linear layer's inputs."""
+    num_rows: int = 0
+    abs_sum: torch.Tensor | None = None         # [in] sum of |x| over every row (AWQ's salience)
+    hessian: torch.Tensor | None = None         # [in, in] sum of x x^T (GPTQ), when asked for
+    sample: list[torch.Tensor] = field(default_factory=list)   # the first rows, up to sample_rows
+
+    def add(self, x: torch.Tensor, with_hessian: bool, sample_rows: int) -> None:
+        x = x.reshape(-1, x.shape[-1]).float()
+        self.num_rows += x.shape[0]
+        a = x.abs().sum(0)
+        self.abs_sum = a if self.abs_sum is None else self.abs_sum + a
+        if with_hessian:
+            h = x.t() @ x
+            self.hessian = h if self.hessian is None else self.hessian + h
+        have = sum(t.shape[0] for t in self.sample)
+        if have < sample_rows:
+            self.sample.append(x[:sample_rows - have].clone())
+
+    def mean_abs(self) -> torch.Tensor:
+        return self.abs_sum / max(1, self.num_rows)
+
+    def sample_rows(self) -> torch.Tensor:
+        return torch.cat(self.sample)
+
+
+def collect_input_stats(model: nn.Module, modules: dict[str, nn.Module], windows: list[list[int]],
+                        with_hessian: bool, sample_rows: int, progress: bool = True) -> dict[str, InputStats]:
+    """Run the (unquantized) model over the calibration windows, keeping each module's input stats.
+    The model calls `layer.forward(x)` directly (no __call__, so no hooks fire): the capture
+    shadows each module's forward with an instance attribute while it runs."""
+    from tqdm.auto import tqdm
+    stats = {name: InputStats() for name in modules}
+
+    def wrap(name: str, forward):
+        def capture(x, *args, **kwargs):
+            stats[name].add(x, with_hessian, sample_rows)
+            return forward(x, *args, **kwargs)
+        return capture
+    for name, m in modules.items():
+        m.forward = wrap(name, m.forward)
+    try:
+        for window in tqdm(windows, desc="Calibrating", unit="window", disable=not progress, leave=False):
+            forward_hidden(model, window)
+    finally:
+        for m in modules.values():
+            del m.forward
+    return stats

@@ -1,0 +1,71 @@
+"""The quantization transform: every decoder linear of a built model becomes a QuantLinear, in
+place (the model file stays plain, as with CPU packing and the Triton layer swap). The embedding
+table, the final norm and the LM head stay in the model's dtype, as in GPTQ and AWQ checkpoints.
+
+Apply it before `pack_linear_weights` (CPU) or `use_triton_kernels` (CUDA): AWQ rewrites norm
+weights, and those transforms read them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from inference.models.llama import LlamaForCausalLM
+from inference.quantization.awq import apply_awq_scales
+from inference.quantization.calibration import collect_input_stats
+from inference.quantization.config import QuantConfig
+from inference.quantization.gptq import gptq_quantize
+from inference.quantization.int_quant import quantize_rtn
+from inference.quantization.quant_linear import QuantLinear
+
+LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+SAMPLE_ROWS = 512           # calibration rows AWQ's search evaluates each candidate scale on
+
+
+def decoder_linears(model: LlamaForCausalLM) -> dict[str, nn.Linear]:
+    """'layers.{i}.{LINEARS[j]}' -> the nn.Linear."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        for name in LINEARS:
+            module = layer.get_submodule(name)
+            if not isinstance(module, nn.Linear):
+                raise ValueError(f"quantize: layers.{i}.{name} is a {type(module).__name__}, not a plain "
+                                 "nn.Linear (quantize before any other transform)")
+            out[f"layers.{i}.{name}"] = module
+    return out
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, new)
+
+
+@torch.no_grad()
+def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list[int]] | None = None,
+                   progress: bool = True) -> dict:
+    """Quantize in place. rtn needs no data; gptq and awq calibrate on `windows` (token lists).
+    Returns a summary (bytes before/after, AWQ alphas)."""
+    linears = decoder_linears(model)
+    if cfg.method != "rtn" and not windows:
+        raise ValueError(f"quantize: {cfg.method} needs calibration windows")
+    bytes_before = sum(m.weight.numel() * m.weight.element_size() for m in linears.values())
+    stats = None
+    if cfg.method != "rtn":
+        stats = collect_input_stats(model, linears, windows, with_hessian=cfg.method == "gptq",
+                                    sample_rows=SAMPLE_ROWS if cfg.method == "awq" else 0, progress=progress)
+    alphas = {}
+    if cfg.method == "awq":
+        for i, layer in enumerate(tqdm(model.layers, desc="AWQ scales", disable=not progress, leave=False)):
+            alphas[i] = apply_awq_scales(layer, model.arch, stats, f"layers.{i}", cfg)
+    for name, linear in tqdm(linears.items(), desc=f"Quantizing ({cfg.method}, {cfg.bits}-bit)",
+                             disable=not progress, leave=False):
+        w = linear.weight
+        if cfg.method == "gptq":
+            codes, scales, zeros = gptq_quantize(w, stats[name].hessian, cfg)
+            stats[name].hessian = None                       # free as we go
+        else:
+            codes, scales, zeros = quantize_rtn(w, cfg)
+        replace_module(model, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
+    bytes_after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
+    return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas}

@@ -1,0 +1,180 @@
+"""Quantized models end to end: the transform, AWQ's folding, GPTQ / AWQ checkpoints on disk
+(checked against the formats' own definitions), loading, engine arguments, bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from inference import LLM, SamplingParams
+from inference.config import ModelConfig
+from inference.loader.model_loader import load_model
+from inference.quantization.awq import apply_awq_scales
+from inference.quantization.calibration import collect_input_stats, forward_logits, stdlib_windows
+from inference.quantization.config import QuantConfig
+from inference.quantization.quant_linear import QuantLinear
+from inference.quantization.transform import decoder_linears, quantize_model
+from inference.quantization.workflow import quantize_to_dir
+from tests.conftest import assert_all_blocks_free
+
+TINY = "random:tiny-gqa"          # head_dim 128, 4 query heads per KV head
+
+
+def tiny(seed: int = 0):
+    return load_model(ModelConfig(model=TINY, dtype="float32", seed=seed))
+
+
+def rand_ids(n: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_awq_folding_keeps_the_unquantized_function():
+    # Scaling weight columns up and folding 1/s into norms, up rows and V rows must not change
+    # the model at all before rounding: the logits stay put on unseen tokens.
+    lm = tiny(1)
+    vocab = lm.arch.vocab_size
+    calib = [rand_ids(48, s, vocab) for s in range(3)]
+    probe = rand_ids(40, 99, vocab)
+    before = forward_logits(lm.model, probe)
+    linears = decoder_linears(lm.model)
+    stats = collect_input_stats(lm.model, linears, calib, with_hessian=False, sample_rows=64, progress=False)
+    cfg = QuantConfig("awq", 4, 32)
+    alphas = [apply_awq_scales(layer, lm.arch, stats, f"layers.{i}", cfg) for i, layer in enumerate(lm.model.layers)]
+    assert any(a > 0 for layer in alphas for a in layer.values()), "every scale search chose alpha 0"
+    after = forward_logits(lm.model, probe)
+    assert torch.allclose(before, after, atol=2e-4, rtol=1e-4), float((before - after).abs().max())
+
+
+@pytest.mark.parametrize("method,bits,group", [("rtn", 8, -1), ("gptq", 4, 32), ("awq", 4, 64)])
+def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group):
+    """quantize -> write the HF-format directory -> load it: the same logits as the model in memory."""
+    lm = tiny(2)
+    vocab = lm.arch.vocab_size
+    calib = [rand_ids(64, s, vocab) for s in range(4)]
+    cfg = QuantConfig(method, bits, group, symmetric=method == "rtn")
+    quantize_model(lm.model, cfg, None if method == "rtn" else calib, progress=False)
+    probe = rand_ids(33, 7, vocab)
+    want = forward_logits(lm.model, probe)
+    from inference.loader.presets import preset_config
+    from inference.quantization.checkpoint import save_quantized
+    save_quantized(lm.model, cfg, tmp_path, preset_config("tiny-gqa"), None, torch.float32)
+    qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == ("awq" if method == "awq" else "gptq") and qc["bits"] == bits
+    loaded = load_model(ModelConfig(model=str(tmp_path), dtype="float32"))
+    assert sum(isinstance(m, QuantLinear) for m in loaded.model.modules()) == 4 * loaded.arch.num_hidden_layers
+    got = forward_logits(loaded.model, probe)
+    assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
+
+
+def _dequant_from_format(f, prefix: str, qc: dict) -> torch.Tensor:
+    """W [out, in] straight from the on-disk format's definition (independent of our unpacker)."""
+    bits, group = qc["bits"], qc["group_size"]
+    qweight = f.get_tensor(f"{prefix}.qweight").to(torch.int64) & 0xFFFFFFFF
+    qzeros = f.get_tensor(f"{prefix}.qzeros").to(torch.int64) & 0xFFFFFFFF
+    scales = f.get_tensor(f"{prefix}.scales").float()
+    mask, pack = (1 << bits) - 1, 32 // bits
+    if qc["quant_method"] == "gptq":
+        n, out = qweight.shape[0] * pack, qweight.shape[1]
+        i = torch.arange(n)
+        q = (qweight[i // pack] >> (bits * (i % pack))[:, None]) & mask                    # [in, out]
+        g = f.get_tensor(f"{prefix}.g_idx").long()
+        o = torch.arange(out)
+        z = ((qzeros[:, o // pack] >> (bits * (o % pack))[None, :]) & mask) + 1             # [G, out]
+        return (scales[g] * (q - z[g])).t()
+    order = [0, 2, 4, 6, 1, 3, 5, 7]                                   # nibble k holds column order[k]
+    n, out = qweight.shape[0], qweight.shape[1] * 8
+    col = torch.arange(out)
+    nib = torch.tensor([order.index(c % 8) for c in range(out)])
+    q = (qweight[:, col // 8] >> (4 * nib)[None, :]) & 0xF                                 # [in, out]
+    z = (qzeros[:, col // 8] >> (4 * nib)[None, :]) & 0xF
+    g = torch.arange(n) // group
+    return (scales[g] * (q - z[g])).t()
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_written_tensors_follow_the_hf_formats(tmp_path, method):
+    lm = tiny(3)
+    calib = [rand_ids(64, s, lm.arch.vocab_size) for s in range(3)]
+    cfg = QuantConfig(method, 4, 64)
+    quantize_model(lm.model, cfg, calib, progress=False)
+    from inference.loader.presets import preset_config
+    from inference.quantization.checkpoint import save_quantized
+    save_quantized(lm.model, cfg, tmp_path, preset_config("tiny-gqa"), None, torch.float32)
+    qc = cfg.to_hf()
+    attn = lm.model.layers[1].self_attn
+    q_rows, kv_rows = attn.q_size, attn.kv_size
+    mine = attn.qkv_proj.dequantized()
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        for proj, rows in (("q_proj", slice(0, q_rows)), ("v_proj", slice(q_rows + kv_rows, q_rows + 2 * kv_rows))):
+            w = _dequant_from_format(f, f"model.layers.1.self_attn.{proj}", qc)
+            assert torch.allclose(w, mine[rows], atol=1e-6), proj
+
+
+def test_mismatched_checkpoint_is_a_clear_error_before_loading(tmp_path):
+    summary = quantize_to_dir(TINY, "rtn", 4, 32, tmp_path / "q", progress=False, save_dtype="float32")
+    cfg_path = tmp_path / "q" / "config.json"
+    config = json.loads(cfg_path.read_text())
+    config["quantization_config"]["bits"] = 8                 # the tensors are 4-bit
+    cfg_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"qweight has shape .* bits=8"):
+        load_model(ModelConfig(model=summary["out"], dtype="float32"))
+    config["quantization_config"].update(bits=4, group_size=64)
+    cfg_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="group_size=64"):
+        load_model(ModelConfig(model=summary["out"], dtype="float32"))
+    config["quantization_config"].update(group_size=32)
+    cfg_path.write_text(json.dumps(config))
+    tensors = load_file(str(tmp_path / "q" / "model.safetensors"))
+    tensors["model.layers.0.mlp.down_proj.g_idx"] = tensors["model.layers.0.mlp.down_proj.g_idx"].flip(0)
+    save_file(tensors, str(tmp_path / "q" / "model.safetensors"))
+    with pytest.raises(ValueError, match="act-order"):
+        load_model(ModelConfig(model=summary["out"], dtype="float32"))
+
+
+def test_engine_arguments_and_their_errors(tmp_path):
+    with pytest.raises(ValueError, match="quantization: must be one of"):
+        LLM(TINY, quantization="nf4")
+    with pytest.raises(ValueError, match="not a quantized checkpoint"):
+        load_model(ModelConfig(model="smollm2", quantization="awq"))
+    out = quantize_to_dir(TINY, "gptq", 4, 32, tmp_path / "g", num_windows=2, seq_len=32, progress=False)["out"]
+    with pytest.raises(ValueError, match="is a gptq checkpoint"):
+        load_model(ModelConfig(model=out, quantization="awq"))
+    with pytest.raises(ValueError, match="already quantized"):
+        load_model(ModelConfig(model=out, quantization="int8"))
+    with pytest.raises(ValueError, match="not empty"):
+        quantize_to_dir(TINY, "rtn", 4, 32, tmp_path / "g", progress=False)
+    # a loaded GPTQ checkpoint serves through the engine, and frees every block
+    llm = LLM(out, quantization="gptq", dtype="float32", max_model_len=128, kv_cache_memory_bytes=4 << 20)
+    outs = llm.generate([{"prompt_token_ids": rand_ids(20, s, 500)} for s in range(3)],
+                        SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
+    assert_all_blocks_free(llm)
+
+
+def test_int8_on_load_tracks_the_full_precision_model(llm_fp32):
+    """SmolLM2 with int8 weights (round-to-nearest on load) against fp32 on held-out stdlib text."""
+    q = load_model(ModelConfig(model="smollm2", dtype="float32", quantization="int8"))
+    ref = llm_fp32.engine.runner.model
+    window = stdlib_windows(q.tokenizer, "eval", 1, 256)[0]
+    lq, lr = forward_logits(q.model, window).log_softmax(-1), forward_logits(ref, window).log_softmax(-1)
+    kl = float((lr.exp() * (lr - lq)).sum(-1).mean())
+    agree = float((lq.argmax(-1) == lr.argmax(-1)).float().mean())
+    assert kl < 0.02 and agree > 0.93, (kl, agree)
+
+
+def test_quantize_cli(tmp_path):
+    out = tmp_path / "cli"
+    ok = subprocess.run([sys.executable, "-m", "inference", "quantize", "--model", TINY, "--method", "awq",
+                         "--group-size", "32", "--calib-windows", "2", "--seq-len", "32", "--out", str(out)],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "awq format" in ok.stdout and (out / "model.safetensors").exists()
+    bad = subprocess.run([sys.executable, "-m", "inference", "quantize", "--model", TINY, "--method", "awq",
+                          "--bits", "8", "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "awq is a 4-bit method" in bad.stderr
+    assert not (tmp_path / "bad").exists(), "a bad argument must fail before anything is written"
