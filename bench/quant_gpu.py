@@ -53,7 +53,7 @@ def kernel_bench(ms: list[int]) -> list[dict]:
             rows.append(row)
             log(f"{name} m={m}: bf16 {row['bf16_us']:.1f} us ({row['bf16_GBps']:.0f} GB/s) | int8 {row['int8_us']:.1f} "
                 f"us ({row['int8_speedup']:.2f}x) | int4 {row['int4_us']:.1f} us ({row['int4_speedup']:.2f}x)")
-        del w, packs
+        w = packs = None                  # free before the next shape
         torch.cuda.empty_cache()
     return rows
 
