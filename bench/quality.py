@@ -29,7 +29,7 @@ from inference.quantization.config import QuantConfig  # noqa: E402
 from inference.quantization.transform import quantize_model  # noqa: E402
 
 VARIANTS = {                                     # name -> QuantConfig
-    "int8 (rtn, per channel)": QuantConfig("rtn", 8, -1, True),
+    "int8 rtn per-channel": QuantConfig("rtn", 8, -1, True),
     "int4 rtn g128": QuantConfig("rtn", 4, 128),
     "int4 awq g128": QuantConfig("awq", 4, 128),
     "int4 gptq g128": QuantConfig("gptq", 4, 128),

@@ -3,6 +3,7 @@ on Llama-2-7B's linear shapes, and batch-1 decode of the whole model per format,
 
   kernels  per shape and M: time, and for M=1 the achieved bandwidth over the bytes it must read
            (codes + scales + zeros) vs bf16 F.linear reading 2 bytes per weight
+  tiles    M=1: every tile / split-K / warps / stages variant on the qkv and o shapes (int8, int4)
   decode   random:llama-2-7b, bf16 / int8 / int4 (round-to-nearest on load), batch-1 tok/s and the
            decoder-linear weight bytes
 
@@ -58,6 +59,47 @@ def kernel_bench(ms: list[int]) -> list[dict]:
     return rows
 
 
+def tile_sweep() -> list[dict]:
+    """M=1 (decode): time every tile / split / warps / stages variant on two shapes per format."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    rows = []
+    for name in ("qkv", "o"):
+        n, k = SHAPES[name]
+        w = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+        x = torch.randn(1, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+        ref = torch.nn.functional.linear(x, w).float()
+        for bits, cfg in ((8, QuantConfig("rtn", 8, -1, True)), (4, QuantConfig("rtn", 4, 128))):
+            codes, sc, z = quantize_rtn(w, cfg)
+            qw = pack_int4(codes) if bits == 4 else codes
+            nbytes = qw.numel() + 8 * sc.numel()
+            best = None
+            for bn in (64, 128, 256):
+                for bk in ((128, 256) if bits == 8 else (128,)):
+                    for split in (1, 4):
+                        for warps in (4, 8):
+                            for stages in (3,):
+                                def fn():
+                                    return quant_matmul(x, qw, sc, z, bits, cfg.group_len(k), tiles=(16, bn, bk, split),
+                                                        num_warps=warps, num_stages=stages)
+                                try:
+                                    out = fn().float()
+                                except Exception as e:            # e.g. out of shared memory
+                                    log(f"  {name} int{bits} {bn}/{bk}/{split}/{warps}/{stages}: {type(e).__name__}")
+                                    continue
+                                err = float((out - ref).norm() / ref.norm())
+                                t = timed(fn, reps=10, warmup=2)
+                                row = {"shape": name, "bits": bits, "block_n": bn, "block_k": bk, "split": split,
+                                       "warps": warps, "stages": stages, "us": t * 1e6, "GBps": nbytes / t / 1e9,
+                                       "rel_err_vs_bf16": err}
+                                rows.append(row)
+                                if err < 0.1 and (best is None or row["us"] < best["us"]):
+                                    best = row
+            log(f"tiles {name} int{bits} M=1 best: {best}")
+        w = None
+        torch.cuda.empty_cache()
+    return rows
+
+
 def decode_bench(formats: list[str], n_tokens: int) -> dict:
     from inference import LLM, SamplingParams
     from inference.quantization.quant_linear import QuantLinear
@@ -99,6 +141,8 @@ def main() -> None:
     sections = set(args.sections.split(","))
     if "kernels" in sections:
         res["kernels"] = kernel_bench([int(m) for m in args.ms.split(",")])
+    if "tiles" in sections:
+        res["tiles"] = tile_sweep()
     if "decode" in sections:
         res["decode"] = decode_bench(args.formats.split(","), args.decode_tokens)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,8 @@ The codes are never dequantized element by element: a K tile lies inside one gro
 x_tile @ (q - z)^T * s = (x_tile @ q^T - sum_k(x_tile) * z) * s, one tensor-core dot on the raw
 codes (0..255 are exact in bf16/fp16) and a rank-1 correction. 4-bit tiles multiply the even
 and the odd columns of x by the two nibbles. Skinny (decode) shapes split K across programs
-(SPLIT_K) and add their partial sums atomically into an fp32 output.
+(SPLIT_K) and add their partial sums atomically into an fp32 output. From DEQUANT_MIN_ROWS rows
+the weight is dequantized in one pass and multiplied by cuBLAS instead.
 """
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ import triton
 import triton.language as tl
 
 from kernels.triton_utils import dot, dot_fp32
+
+# From this many rows (prefill) the fused kernel loses to dequantize + cuBLAS (H200: int4 at
+# M=2048 ran at 0.05x bf16 fused; bench/NOTES.md run 14).
+DEQUANT_MIN_ROWS = 256
 
 
 @triton.jit
@@ -71,6 +76,36 @@ def _quant_matmul_kernel(
         tl.atomic_add(out, acc, mask=o_mask)
 
 
+@triton.jit
+def _dequantize_kernel(QW, S, Z, W, K, group_len, stride_qn, stride_sn, stride_wn,
+                       BITS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row block of W [N, K] = s * (q - z) in W's dtype (for large M: then a cuBLAS matmul)."""
+    n = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = k < K
+    if BITS == 8:
+        q = tl.load(QW + n * stride_qn + k, mask=mask, other=0).to(tl.float32)
+    else:
+        byte = tl.load(QW + n * stride_qn + k // 2, mask=mask, other=0)
+        q = ((byte >> ((k % 2) * 4).to(tl.uint8)) & 0xF).to(tl.float32)
+    g = k // group_len
+    s = tl.load(S + n * stride_sn + g, mask=mask, other=0.0)
+    z = tl.load(Z + n * stride_sn + g, mask=mask, other=0.0)
+    tl.store(W + n * stride_wn + k, ((q - z) * s).to(W.dtype.element_ty), mask=mask)
+
+
+def dequantize_weight(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group_len: int,
+                      in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in dtype from codes + group parameters (one pass)."""
+    n = qweight.shape[0]
+    w = torch.empty((n, in_features), dtype=dtype, device=qweight.device)
+    block = 1024
+    _dequantize_kernel[(n, triton.cdiv(in_features, block))](
+        qweight, scales, zeros, w, in_features, group_len, qweight.stride(0), scales.stride(0), w.stride(0),
+        BITS=bits, BLOCK_K=block, num_warps=4)
+    return w
+
+
 def quant_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                            group_len: int) -> torch.Tensor:
     """fp32 dequantize-then-matmul; codes are unpacked uint8 [N, K]. Returns x's dtype."""
@@ -110,6 +145,10 @@ def quant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if scales.shape != (n, num_groups) or zeros.shape != scales.shape or scales.dtype != torch.float32:
         raise ValueError(f"quant_matmul: scales/zeros must be fp32 [{n}, {num_groups}], got "
                          f"{tuple(scales.shape)} {scales.dtype} / {tuple(zeros.shape)}")
+    if m >= DEQUANT_MIN_ROWS and tiles is None:
+        # compute-bound: one pass to bf16 weights, then the vendor GEMM (vLLM's AWQ does the same)
+        w = dequantize_weight(qweight, scales, zeros, bits, group_len, k, x.dtype)
+        return torch.nn.functional.linear(x, w)
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     block_m, block_n, block_k, split = tiles or choose_tiles(m, n, k, group_len, num_sms)
     if group_len < k and group_len % block_k:

@@ -72,3 +72,9 @@ def test_bad_inputs():
 @pytest.mark.parametrize("n,k", [(4096, 4096), (12288, 4096), (4096, 11008)])
 def test_real_shapes(bits, m, n, k):
     assert case(m, n, k, bits, 128, torch.bfloat16, seed=m + n + k + bits) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, -1), (4, 64)])
+def test_large_m_dequantize_path(bits, group):
+    from kernels.quant_matmul import DEQUANT_MIN_ROWS
+    assert case(DEQUANT_MIN_ROWS + 3, 24, 192, bits, group, torch.float32, seed=bits + 50) < TOL[torch.float32]
