@@ -37,13 +37,15 @@ VARIANTS = {                                     # name -> QuantConfig
     "int4 awq g32": QuantConfig("awq", 4, 32),
     "int4 gptq g32": QuantConfig("gptq", 4, 32),
 }
-TARGETS = {"int8_delta_ppl_pct": 0.5, "int4_calibrated_delta_ppl_pct": 5.0}
+KV_VARIANTS = {"fp8_e4m3 KV cache": torch.float8_e4m3fn}     # unquantized weights, quantized KV
+TARGETS = {"int8_delta_ppl_pct": 0.5, "int4_calibrated_delta_ppl_pct": 5.0}   # the issue's; none for KV
 
 
-def evaluate(model, windows: list[list[int]], ref: list[torch.Tensor] | None) -> tuple[dict, list[torch.Tensor]]:
+def evaluate(model, windows: list[list[int]], ref: list[torch.Tensor] | None,
+             kv_dtype: torch.dtype | None = None) -> tuple[dict, list[torch.Tensor]]:
     nll, n, kl, agree, logps = 0.0, 0, 0.0, 0.0, []
     for i, w in enumerate(windows):
-        lp = forward_logits(model, w).log_softmax(-1)                       # [T, V]
+        lp = forward_logits(model, w, kv_dtype).log_softmax(-1)             # [T, V]
         nll -= float(lp[:-1].gather(1, torch.tensor(w[1:])[:, None]).sum())
         n += len(w) - 1
         logps.append(lp)
@@ -63,7 +65,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16, help="held-out evaluation windows")
     ap.add_argument("--calib", type=int, default=32, help="calibration windows (gptq / awq)")
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(list(VARIANTS) + list(KV_VARIANTS)))
     ap.add_argument("--out", default=str(ROOT / "bench/results/quality.json"))
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -76,6 +78,15 @@ def main() -> None:
                             "linear_bytes_vs_bf16": 1.0, "quantize_s": 0.0}}
     print(f"fp32: ppl {ref_metrics['ppl']:.3f} on {args.windows} x {args.seq_len} held-out stdlib tokens", flush=True)
     for name in args.variants.split(","):
+        if name in KV_VARIANTS:
+            t0 = time.perf_counter()
+            m, _ = evaluate(base.model, evals, ref, KV_VARIANTS[name])
+            m.update(delta_ppl_pct=100 * (m["ppl"] / ref_metrics["ppl"] - 1), quantize_s=0.0, linear_bytes_vs_bf16=1.0,
+                     kv_bytes_vs_bf16=0.5)
+            rows[name] = m
+            print(f"{name}: ppl {m['ppl']:.3f} ({m['delta_ppl_pct']:+.2f}%), KL {m['kl']:.4f}, top-1 "
+                  f"{m['top1_agreement']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            continue
         cfg = VARIANTS[name]
         lm = load_model(ModelConfig(model=args.model, dtype="float32"))
         t0 = time.perf_counter()

@@ -17,6 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--block-size", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], help="fp8_e4m3: half the KV bytes (CPU path)")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
@@ -32,7 +33,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
-            "enforce_eager", "quantization"]
+            "enforce_eager", "quantization", "kv_cache_dtype"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+FP8_E4M3_MAX = 448.0
+
 
 @dataclass
 class PrefillChunk:
@@ -42,15 +44,20 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
-def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """cache [num_blocks, block_size, Hkv, D], tables [B, nb] -> [B, nb * block_size, Hkv, D].
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """cache [num_blocks, block_size, Hkv, D], tables [B, nb] -> [B, nb * block_size, Hkv, D]
+    in `dtype` (a float8 cache is read back in the model's dtype).
 
     Whole blocks are copied (contiguous runs of block_size * Hkv * D elements), which is several
     times cheaper than gathering slot by slot.
     """
     b, nb = block_tables.shape
     _, block_size, hkv, d = cache.shape
-    return cache.index_select(0, block_tables.reshape(-1)).view(b, nb * block_size, hkv, d)
+    if cache.dtype == torch.float8_e4m3fn:      # no float8 index_select on the CPU: gather bytes
+        raw = cache.view(torch.uint8).index_select(0, block_tables.reshape(-1))
+        return raw.view(cache.dtype).view(b, nb * block_size, hkv, d).to(dtype or torch.float32)
+    out = cache.index_select(0, block_tables.reshape(-1)).view(b, nb * block_size, hkv, d)
+    return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
 def bottom_right_causal_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor:
@@ -64,6 +71,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
              slot_mapping: torch.Tensor) -> None:
     """k, v: [num_tokens, num_kv_heads, head_dim] -> their slots in the flat cache."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    if k_cache.dtype == torch.float8_e4m3fn:
+        # e4m3 has no inf: saturate instead of turning NaN; PyTorch's CPU index_copy_ has no
+        # float8 kernel, so the bytes go through a uint8 view
+        k8 = k.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(k_cache.dtype).view(torch.uint8)
+        v8 = v.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(v_cache.dtype).view(torch.uint8)
+        k_cache.view(torch.uint8).view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k8)
+        v_cache.view(torch.uint8).view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v8)
+        return
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -83,8 +98,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # GQA without copying K/V: the `group` query heads sharing a KV head act as its
         # `group` query rows; decodes attend to their whole context, so no causal mask.
         qd = q[:nd].view(nd, num_kv_heads, group, head_dim)                  # [B, Hkv, G, D]
-        kd = gather_blocks(k_cache, meta.decode_block_tables)                # [B, L_pad, Hkv, D]
-        vd = gather_blocks(v_cache, meta.decode_block_tables)
+        kd = gather_blocks(k_cache, meta.decode_block_tables, q.dtype)       # [B, L_pad, Hkv, D]
+        vd = gather_blocks(v_cache, meta.decode_block_tables, q.dtype)
         if meta.decode_mask is None:                                         # equal lengths: trim
             kd, vd = kd[:, :meta.decode_context_len], vd[:, :meta.decode_context_len]
         od = F.scaled_dot_product_attention(qd, kd.transpose(1, 2), vd.transpose(1, 2),
@@ -99,8 +114,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         s, n, ctx = chunk.query_start, chunk.query_len, chunk.context_len
         qp = q[s:s + n].transpose(0, 1)                                      # [H, n, D]
         table = chunk.block_table[None]
-        kp = gather_blocks(k_cache, table)[0, :ctx].transpose(0, 1)          # [Hkv, ctx, D]
-        vp = gather_blocks(v_cache, table)[0, :ctx].transpose(0, 1)
+        kp = gather_blocks(k_cache, table, q.dtype)[0, :ctx].transpose(0, 1)   # [Hkv, ctx, D]
+        vp = gather_blocks(v_cache, table, q.dtype)[0, :ctx].transpose(0, 1)
         if group > 1:
             kp = kp[:, None].expand(num_kv_heads, group, ctx, head_dim).reshape(num_heads, ctx, head_dim)
             vp = vp[:, None].expand(num_kv_heads, group, ctx, head_dim).reshape(num_heads, ctx, head_dim)

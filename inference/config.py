@@ -17,6 +17,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 POLICIES = ("fcfs", "priority")
 QUANTIZATION = ("int8", "int4", "awq", "gptq")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,13 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None   # None: 1 GiB on the CPU, sized from free memory on a GPU
     gpu_memory_utilization: float = 0.9        # share of the GPU's memory the engine may use
     enable_prefix_caching: bool = True
+    # "auto": the model's dtype; "fp8_e4m3": half the bytes of bf16 per cached token (values
+    # stored as float8 e4m3 with scale 1, vLLM's default without calibrated scales); CPU path
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size: must be a power of two >= 1, got {self.block_size}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
@@ -104,6 +110,7 @@ class EngineConfig:
         "block_size": ("cache", "block_size"),
         "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),
         "enable_prefix_caching": ("cache", "enable_prefix_caching"),
+        "kv_cache_dtype": ("cache", "kv_cache_dtype"),
         "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
         "max_num_seqs": ("scheduler", "max_num_seqs"),
         "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),

@@ -25,8 +25,13 @@ from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOu
 CPU_KV_CACHE_BYTES = 1 << 30          # default KV cache on the CPU
 
 
+def kv_cache_dtype(loaded: LoadedModel, cache: CacheConfig) -> torch.dtype:
+    """What the cache stores: the model's dtype, or float8 e4m3 (read back in the model's dtype)."""
+    return torch.float8_e4m3fn if cache.kv_cache_dtype == "fp8_e4m3" else loaded.dtype
+
+
 def kv_bytes_per_block(loaded: LoadedModel, cache: CacheConfig) -> int:
-    dtype_bytes = torch.tensor([], dtype=loaded.dtype).element_size()
+    dtype_bytes = torch.tensor([], dtype=kv_cache_dtype(loaded, cache)).element_size()
     return loaded.arch.kv_bytes_per_token(dtype_bytes) * cache.block_size
 
 
@@ -49,6 +54,9 @@ def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source
 def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
     """The runner for the model's device; on CUDA the KV cache is sized from free memory."""
     if loaded.device.type == "cuda":
+        if config.cache.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={config.cache.kv_cache_dtype!r} runs on the CPU path only for now: "
+                             "the CUDA attention kernels read the cache in the model's dtype")
         from inference.cuda_runner import CudaModelRunner, size_kv_cache
         torch.cuda.set_device(loaded.device)     # cuda:N: kernels launch on the current device
         num_blocks = size_kv_cache(loaded, config.cache, config.scheduler)
@@ -94,8 +102,9 @@ class ModelRunner:
         self.block_size = cache.block_size
         shape = (num_blocks, cache.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
         # per layer: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim]
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        cache_dtype = kv_cache_dtype(loaded, cache)
+        self.kv_caches = [(torch.zeros(shape, dtype=cache_dtype, device=self.device),
+                           torch.zeros(shape, dtype=cache_dtype, device=self.device))
                           for _ in range(self.arch.num_hidden_layers)]
         self.generators: dict[str, torch.Generator] = {}     # req_id -> its seeded generator
         self.rows: dict[str, tuple[Request, SamplingRow]] = {}   # req_id -> (request, its sampling row)

@@ -118,9 +118,11 @@ def quant_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.T
 def choose_tiles(m: int, n: int, k: int, group_len: int, num_sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K): a K tile never crosses a group; skinny shapes
     split K until there are about two programs per SM."""
+    # the H200 sweep at M=1 (bench/results/quant_gpu_tiles.json): 128-wide N tiles, the longest
+    # K tile a group allows (256 for per-channel int8), split-K within noise of none
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    block_n = 64 if m <= 64 else 128
-    block_k = 128 if group_len >= k else min(128, group_len)
+    block_n = 128
+    block_k = 256 if group_len >= k else min(256, group_len)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 1
     while programs * split * 2 <= 2 * num_sms and k // (split * 2) >= 4 * block_k:

@@ -7,13 +7,27 @@ compare the same kernels as the reference.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 
 def cpu_packing_available(dtype: torch.dtype, device: torch.device) -> bool:
     return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and _packing_runs(dtype))
+
+
+@functools.cache
+def _packing_runs(dtype: torch.dtype) -> bool:
+    """oneDNN's 16-bit packed layout needs AVX-512 (bw/vl/dq) or AVX-NE-CONVERT; on other CPUs
+    the reorder raises, and plain nn.Linear layers stay."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedLinear(nn.Module):

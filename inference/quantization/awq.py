@@ -9,9 +9,12 @@ produces them, so the quantized model runs no extra op:
     down_proj <- the up half of gate_up's rows / s     (silu(gate) * up is linear in up)
     o_proj    <- the V rows of qkv_proj / s            (s shared by the query heads of a KV head)
 
-AutoAWQ's weight-clipping search is not done here; the scales carry the gain.
+Then, as AutoAWQ does, each group's range is clipped where that lowers the layer's output error
+(`search_clip`), before the weights are rounded.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -19,7 +22,7 @@ from torch import nn
 from inference.models.arch import ModelArch
 from inference.quantization.calibration import InputStats
 from inference.quantization.config import QuantConfig
-from inference.quantization.int_quant import dequantize, quantize_rtn
+from inference.quantization.int_quant import dequantize, grouped, quantize_rtn
 
 GRID = 11          # alpha in 0, 0.1, ..., 1.0 (alpha 0 is plain RTN, so AWQ never loses to it)
 
@@ -49,32 +52,81 @@ def search_scale(w: torch.Tensor, stats: InputStats, cfg: QuantConfig, kv_heads:
     return best[1], best[2]
 
 
+CLIP_RATIOS = tuple(1 - 0.05 * i for i in range(10))      # shrink a group's range by up to 45%
+
+
+def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: QuantConfig, max_rows: int = 256) -> torch.Tensor:
+    """AutoAWQ's clipping search: per (output row, group), the shrink of the group's [min, max]
+    whose round-to-nearest weights best reproduce that group's share of the output on the
+    calibration rows x [n, in]. Returns W clipped to the chosen ranges (RTN's min/max then lands
+    on them)."""
+    out, n_in = w.shape
+    gl = cfg.group_len(n_in)
+    wg = grouped(w, gl)                                                    # [out, G, gl]
+    pad = wg.shape[1] * gl - n_in
+    xg = torch.nn.functional.pad(x[:max_rows].float(), (0, pad)).view(x[:max_rows].shape[0], -1, gl)  # [n, G, gl]
+    if pad:                                                                # padded columns carry no input
+        wg = wg.clone()
+        wg.view(out, -1)[:, n_in:] = 0
+    ref = torch.einsum("ngk,ogk->nog", xg, wg)
+    lo0, hi0 = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    one = dataclasses.replace(cfg, group_size=-1)
+    best_err = torch.full((out, wg.shape[1]), float("inf"))
+    best = wg
+    for r in CLIP_RATIOS:
+        clipped = wg.clamp(lo0 * r, hi0 * r)
+        flat = clipped.reshape(-1, gl)                                     # each (row, group) on its own
+        codes, sc, z = quantize_rtn(flat, one)
+        deq = dequantize(codes, sc, z, gl).view_as(wg)
+        err = (torch.einsum("ngk,ogk->nog", xg, deq) - ref).pow(2).sum(0)     # [out, G]
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better[..., None], clipped, best)
+    return best.reshape(out, -1)[:, :n_in].to(w.dtype)
+
+
 @torch.no_grad()
 def apply_awq_scales(layer: nn.Module, arch: ModelArch, stats: dict[str, InputStats], prefix: str,
                      cfg: QuantConfig) -> dict[str, float]:
     """Search and fold the four scales of one decoder layer (before any of its weights is
-    quantized). Returns the alpha chosen per linear."""
+    quantized); exact before rounding. Returns linear name -> (alpha, the scale s)."""
     attn, mlp = layer.self_attn, layer.mlp
     q_size, kv_size = attn.q_size, attn.kv_size
     inter = arch.intermediate_size
     group = arch.num_attention_heads // arch.num_key_value_heads
-    alphas = {}
+    chosen = {}
     # o_proj first: its 1/s lands in qkv's V rows, which qkv's own search must then see
-    s, alphas["o_proj"] = search_scale(attn.o_proj.weight, stats[f"{prefix}.self_attn.o_proj"], cfg,
-                                       arch.num_key_value_heads, group)
+    s, alpha = search_scale(attn.o_proj.weight, stats[f"{prefix}.self_attn.o_proj"], cfg,
+                            arch.num_key_value_heads, group)
+    chosen["self_attn.o_proj"] = (alpha, s)
     attn.o_proj.weight.mul_(s.to(attn.o_proj.weight.dtype))
     v_scale = s.view(arch.num_key_value_heads, group, -1)[:, 0].reshape(-1)     # [Hkv * D]
     v_rows = slice(q_size + kv_size, q_size + 2 * kv_size)
     attn.qkv_proj.weight[v_rows] /= v_scale[:, None].to(attn.qkv_proj.weight.dtype)
     if attn.qkv_proj.bias is not None:
         attn.qkv_proj.bias[v_rows] /= v_scale.to(attn.qkv_proj.bias.dtype)
-    s, alphas["down_proj"] = search_scale(mlp.down_proj.weight, stats[f"{prefix}.mlp.down_proj"], cfg)
+    s, alpha = search_scale(mlp.down_proj.weight, stats[f"{prefix}.mlp.down_proj"], cfg)
+    chosen["mlp.down_proj"] = (alpha, s)
     mlp.down_proj.weight.mul_(s.to(mlp.down_proj.weight.dtype))
     mlp.gate_up_proj.weight[inter:] /= s[:, None].to(mlp.gate_up_proj.weight.dtype)
-    for name, linear, norm in (("qkv_proj", attn.qkv_proj, layer.input_layernorm),
-                               ("gate_up_proj", mlp.gate_up_proj, layer.post_attention_layernorm)):
-        key = f"{prefix}.self_attn.qkv_proj" if name == "qkv_proj" else f"{prefix}.mlp.gate_up_proj"
-        s, alphas[name] = search_scale(linear.weight, stats[key], cfg)
+    for name, norm in (("self_attn.qkv_proj", layer.input_layernorm),
+                       ("mlp.gate_up_proj", layer.post_attention_layernorm)):
+        linear = layer.get_submodule(name)
+        s, alpha = search_scale(linear.weight, stats[f"{prefix}.{name}"], cfg)
+        chosen[name] = (alpha, s)
         linear.weight.mul_(s.to(linear.weight.dtype))
         norm.weight.div_(s.to(norm.weight.dtype))
-    return alphas
+    return chosen
+
+
+@torch.no_grad()
+def apply_awq_clip(layer: nn.Module, stats: dict[str, InputStats], prefix: str, cfg: QuantConfig,
+                   chosen: dict[str, tuple[float, torch.Tensor]]) -> None:
+    """Clip each scaled linear's groups (`search_clip`) on its scaled inputs. Like AutoAWQ, the q
+    and k rows are left alone: attention scores are too sensitive to a shrunk range."""
+    attn = layer.self_attn
+    for name, (_, s) in chosen.items():
+        linear = layer.get_submodule(name)
+        x = stats[f"{prefix}.{name}"].sample_rows() / s
+        rows = slice(attn.q_size + attn.kv_size, None) if name == "self_attn.qkv_proj" else slice(None)
+        linear.weight[rows] = search_clip(linear.weight[rows], x, cfg)

@@ -37,11 +37,11 @@ def stdlib_windows(tokenizer: Tokenizer, split: str, num_windows: int, seq_len: 
 
 
 @torch.inference_mode()
-def forward_hidden(model: nn.Module, token_ids: list[int]) -> torch.Tensor:
+def forward_hidden(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Final hidden states [T, hidden] of one sequence, causal, on a throwaway one-block KV cache
-    (the engine's PyTorch attention path)."""
+    (the engine's PyTorch attention path) stored in kv_dtype (default: the model's)."""
     device = next(model.parameters()).device
-    dtype = model.embed_tokens.weight.dtype
+    dtype = kv_dtype or model.embed_tokens.weight.dtype
     arch = model.arch
     t = len(token_ids)
     shape = (1, t, arch.num_key_value_heads, arch.head_dim)
@@ -53,10 +53,10 @@ def forward_hidden(model: nn.Module, token_ids: list[int]) -> torch.Tensor:
     return model(ids, torch.arange(t, device=device), kv, meta)
 
 
-def forward_logits(model: nn.Module, token_ids: list[int]) -> torch.Tensor:
+def forward_logits(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Next-token logits [T, vocab] (fp32) at every position of one sequence."""
     with torch.inference_mode():
-        return model.compute_logits(forward_hidden(model, token_ids)).float()
+        return model.compute_logits(forward_hidden(model, token_ids, kv_dtype)).float()
 
 
 @dataclass

@@ -12,7 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from inference.models.llama import LlamaForCausalLM
-from inference.quantization.awq import apply_awq_scales
+from inference.quantization.awq import apply_awq_clip, apply_awq_scales
 from inference.quantization.calibration import collect_input_stats
 from inference.quantization.config import QuantConfig
 from inference.quantization.gptq import gptq_quantize
@@ -57,7 +57,9 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
     alphas = {}
     if cfg.method == "awq":
         for i, layer in enumerate(tqdm(model.layers, desc="AWQ scales", disable=not progress, leave=False)):
-            alphas[i] = apply_awq_scales(layer, model.arch, stats, f"layers.{i}", cfg)
+            chosen = apply_awq_scales(layer, model.arch, stats, f"layers.{i}", cfg)
+            apply_awq_clip(layer, stats, f"layers.{i}", cfg, chosen)
+            alphas[i] = {name: alpha for name, (alpha, _) in chosen.items()}
     for name, linear in tqdm(linears.items(), desc=f"Quantizing ({cfg.method}, {cfg.bits}-bit)",
                              disable=not progress, leave=False):
         w = linear.weight

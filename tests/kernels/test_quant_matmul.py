@@ -48,7 +48,8 @@ def test_split_k_and_short_last_group(bits):
 def test_choose_tiles():
     assert choose_tiles(1, 4096, 4096, 128, 132)[3] > 1            # decode o_proj: split K
     assert choose_tiles(2048, 4096, 4096, 128, 132)[3] == 1         # prefill: enough tiles
-    assert choose_tiles(1, 576, 576, 128, 132)[2] == 128
+    assert choose_tiles(1, 576, 576, 128, 132)[2] == 128            # K tiles stay inside a group
+    assert choose_tiles(1, 4096, 4096, 4096, 132)[2] == 256         # per channel: the longest tile
 
 
 def test_bad_inputs():

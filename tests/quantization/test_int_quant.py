@@ -111,3 +111,20 @@ def test_quant_linear_kernel_path_matches_dequantize_path(bits, group):
     got = layer(x)
     assert got.shape == (3, 5, 40)
     assert torch.allclose(got, want, atol=1e-4), float((got - want).abs().max())
+
+
+def test_awq_clip_lowers_the_output_error_and_only_narrows_ranges():
+    from inference.quantization.awq import search_clip
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(32, 200, generator=gen) * 0.05                     # 200: a short last group
+    w[:, 7] *= 8                                                       # an outlier column
+    x = torch.randn(256, 200, generator=gen)
+    cfg = QuantConfig("awq", 4, 64)
+    clipped = search_clip(w, x, cfg)
+    assert clipped.shape == w.shape and (clipped.abs() <= w.abs() + 1e-7).all()
+    ref = x @ w.t()
+
+    def err(weight):
+        codes, s, z = quantize_rtn(weight, cfg)
+        return float((x @ dequantize(codes, s, z, 64).t() - ref).norm())
+    assert err(clipped) < err(w)
