@@ -53,8 +53,12 @@ def size_kv_cache(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfi
     mixed_rows = max((d + p for d, p in mixed_shapes(sched.max_num_seqs, sched.max_num_batched_tokens)), default=0)
     per_row = (4 * arch.hidden_size + (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim
                + 3 * arch.intermediate_size) * loaded.dtype.itemsize
+    # quantized linears dequantize their weight for steps of >= 256 rows (kernels/quant_matmul.py):
+    # the largest such temporary lives in the graph pool too
+    dequant = max((m.out_features * m.in_features * loaded.dtype.itemsize for m in loaded.model.modules()
+                   if hasattr(m, "qweight")), default=0)
     graph_reserve = (2 * min(sched.max_num_seqs, 512) * arch.vocab_size * 4 + 2 * mixed_rows * per_row
-                     + (256 << 20))
+                     + 2 * dequant + (256 << 20))
     budget = int(total * cache.gpu_memory_utilization) - peak - non_torch - graph_reserve
     log.info("GPU memory: total %.1f GiB, weights+activation peak %.2f GiB, other %.2f GiB -> KV %.2f GiB",
              total / 2**30, peak / 2**30, non_torch / 2**30, budget / 2**30)

@@ -53,6 +53,14 @@ def reference_llm(ours: LLM, **kw) -> LLM:
     return ref
 
 
+def assert_same_tokens_and_logprobs(got, want) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            tok = next(iter(lw))
+            assert lg[tok].logprob == pytest.approx(lw[tok].logprob, abs=1e-3)
+
+
 def prompts(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     shared = [rng.randrange(3, 500) for _ in range(13)]                 # a shared prefix: cache hits
@@ -75,12 +83,7 @@ def test_greedy_tokens_and_logprobs_match_reference(model):
     assert isinstance(ours.engine.runner, CudaModelRunner)
     assert type(ours.engine.runner.model.norm).__name__ == "TritonRMSNorm"
     got = ours.generate(ps, params, use_tqdm=False)
-    want = ref.generate(ps, params, use_tqdm=False)
-    for g, w in zip(got, want):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
-            tok = next(iter(lw))
-            assert lg[tok].logprob == pytest.approx(lw[tok].logprob, abs=1e-3)
+    assert_same_tokens_and_logprobs(got, ref.generate(ps, params, use_tqdm=False))
     assert_all_blocks_free(ours)
 
 
@@ -107,14 +110,9 @@ def test_mixed_layout_matches_reference(model):
         return launch(sched, prev)
     with patch.object(runner, "_launch", spy):
         got = ours.generate(ps, params, use_tqdm=False)
-    want = ref.generate(ps, params, use_tqdm=False)
     mixed = [s for s in steps if s[0] == 1 and s[-1] > 1]
     assert len(mixed) >= 2 and any(sum(t > 1 for t in s) >= 2 for s in steps), steps   # decodes + chunks
-    for g, w in zip(got, want):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
-            tok = next(iter(lw))
-            assert lg[tok].logprob == pytest.approx(lw[tok].logprob, abs=1e-3)
+    assert_same_tokens_and_logprobs(got, ref.generate(ps, params, use_tqdm=False))
     assert_all_blocks_free(ours)
 
 

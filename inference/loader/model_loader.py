@@ -127,7 +127,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
                              f"context length {max_model_len}")
         max_model_len = config.max_model_len
     checkpoint_quant = checked_quantization(config, hf_config if model_dir is not None else {})
-    model = build_model(arch, max_model_len, dtype, device)
+    model = build_model(arch, max_model_len, dtype, device, skip_decoder_linears=checkpoint_quant is not None)
     if model_dir is None:
         init_random_weights(model, config.seed)
         tokenizer: Tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)

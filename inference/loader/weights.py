@@ -32,11 +32,19 @@ _LAYER_RULES = [
 _IGNORED = re.compile(r".*(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 
 
-def build_model(arch: ModelArch, max_positions: int, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Uninitialised model: every parameter allocated once in `dtype` on `device`."""
+DECODER_LINEARS = re.compile(r"layers\.\d+\.(self_attn\.qkv_proj|self_attn\.o_proj|mlp\.gate_up_proj|mlp\.down_proj)$")
+
+
+def build_model(arch: ModelArch, max_positions: int, dtype: torch.dtype, device: torch.device,
+                skip_decoder_linears: bool = False) -> LlamaForCausalLM:
+    """Uninitialised model: every parameter allocated once in `dtype` on `device`. With
+    skip_decoder_linears the decoder's linear layers stay on `meta` (a quantized checkpoint
+    replaces them), so a dense copy of their weights never exists."""
     with torch.device("meta"):
         model = LlamaForCausalLM(arch, max_positions)
-    for module in model.modules():
+    for module_name, module in model.named_modules():
+        if skip_decoder_linears and DECODER_LINEARS.match(module_name):
+            continue
         for name, param in list(module._parameters.items()):
             if param is not None:
                 module._parameters[name] = nn.Parameter(

@@ -42,7 +42,7 @@ def search_scale(w: torch.Tensor, stats: InputStats, cfg: QuantConfig, kv_heads:
     best = (float("inf"), None, 0.0)
     for k in range(GRID):
         alpha = k / (GRID - 1)
-        s = salience.pow(alpha)
+        s = salience.pow(alpha).clamp(min=1e-4)               # AutoAWQ's floor: no 1/s blow-up in fp16
         s = s / (s.max() * s.min()).sqrt()                    # keep the scales around 1
         codes, sc, z = quantize_rtn(wf * s, cfg)
         wq = dequantize(codes, sc, z, cfg.group_len(w.shape[1]))
@@ -71,7 +71,7 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: QuantConfig, max_rows: in
     ref = torch.einsum("ngk,ogk->nog", xg, wg)
     lo0, hi0 = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
     one = dataclasses.replace(cfg, group_size=-1)
-    best_err = torch.full((out, wg.shape[1]), float("inf"))
+    best_err = torch.full((out, wg.shape[1]), float("inf"), device=w.device)
     best = wg
     for r in CLIP_RATIOS:
         clipped = wg.clamp(lo0 * r, hi0 * r)

@@ -67,7 +67,9 @@ class InputStats:
     hessian: torch.Tensor | None = None         # [in, in] sum of x x^T (GPTQ), when asked for
     sample: list[torch.Tensor] = field(default_factory=list)   # the first rows, up to sample_rows
 
-    def add(self, x: torch.Tensor, with_hessian: bool, sample_rows: int) -> None:
+    def add(self, x: torch.Tensor, with_hessian: bool, sample_rows: int, per_call: int) -> None:
+        """One forward's inputs; keeps per_call of its rows (after the first, an attention sink)
+        for the sample, so the sample spans the calibration windows."""
         x = x.reshape(-1, x.shape[-1]).float()
         self.num_rows += x.shape[0]
         a = x.abs().sum(0)
@@ -77,7 +79,7 @@ class InputStats:
             self.hessian = h if self.hessian is None else self.hessian + h
         have = sum(t.shape[0] for t in self.sample)
         if have < sample_rows:
-            self.sample.append(x[:sample_rows - have].clone())
+            self.sample.append(x[1:1 + min(per_call, sample_rows - have)].clone())
 
     def mean_abs(self) -> torch.Tensor:
         return self.abs_sum / max(1, self.num_rows)
@@ -93,10 +95,11 @@ def collect_input_stats(model: nn.Module, modules: dict[str, nn.Module], windows
     shadows each module's forward with an instance attribute while it runs."""
     from tqdm.auto import tqdm
     stats = {name: InputStats() for name in modules}
+    per_call = -(-sample_rows // max(1, len(windows)))
 
     def wrap(name: str, forward):
         def capture(x, *args, **kwargs):
-            stats[name].add(x, with_hessian, sample_rows)
+            stats[name].add(x, with_hessian, sample_rows, per_call)
             return forward(x, *args, **kwargs)
         return capture
     for name, m in modules.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -170,21 +171,28 @@ def load_quantized(model, model_dir: Path, files: list[Path], cfg: QuantConfig) 
     keys consumed (the loader reads the rest: embeddings, norms, LM head)."""
     arch = model.arch
     where = check_checkpoint(model_dir, files, arch, cfg)
-    handles = {p: safe_open(str(p), framework="pt", device="cpu") for p in set(where.values())}
     consumed: set[str] = set()
-
-    def get(key: str) -> torch.Tensor:
-        consumed.add(key)
-        return handles[where[key]].get_tensor(key)
     shapes = _projection_shapes(arch)
-    device = next(model.parameters()).device
-    for i, layer in enumerate(model.layers):
-        for fused, projs in PROJECTIONS.items():
-            parts = [_decode(get, f"model.layers.{i}.{p}", cfg, *shapes[p]) for p in projs]
-            codes, scales, zeros = (torch.cat(x) for x in zip(*parts))
-            biases = [f"model.layers.{i}.{p}.bias" for p in projs]
-            bias = torch.cat([get(b) for b in biases]) if all(b in where for b in biases) else None
-            old = layer.get_submodule(fused)
-            new = QuantLinear(codes, scales, zeros, cfg, None if bias is None else bias.to(old.weight.dtype))
-            replace_module(model, f"layers.{i}.{fused}", new.to(device))
+    device = model.embed_tokens.weight.device
+    with ExitStack() as stack:
+        handles = {p: stack.enter_context(safe_open(str(p), framework="pt", device="cpu")) for p in set(where.values())}
+
+        def get(key: str) -> torch.Tensor:
+            consumed.add(key)
+            return handles[where[key]].get_tensor(key)
+        for i, layer in enumerate(model.layers):
+            for fused, projs in PROJECTIONS.items():
+                parts = [_decode(get, f"model.layers.{i}.{p}", cfg, *shapes[p]) for p in projs]
+                codes, scales, zeros = (torch.cat(x) for x in zip(*parts))
+                old = layer.get_submodule(fused)
+                bias = None
+                if old.bias is not None:               # the architecture has one: the checkpoint must too
+                    keys = [f"model.layers.{i}.{p}.bias" for p in projs]
+                    missing = [k for k in keys if k not in where]
+                    if missing:
+                        raise ValueError(f"checkpoint {model_dir}: {missing[0]} is missing (the config asks for "
+                                         "biases on this layer)")
+                    bias = torch.cat([get(k) for k in keys]).to(old.bias.dtype)
+                new = QuantLinear(codes, scales, zeros, cfg, bias)
+                replace_module(model, f"layers.{i}.{fused}", new.to(device))
     return consumed

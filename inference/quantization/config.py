@@ -33,8 +33,9 @@ class QuantConfig:
             raise ValueError(f"quantization bits: must be 4 or 8, got {self.bits!r}")
         if self.method == "awq" and self.bits != 4:
             raise ValueError(f"quantization: awq is a 4-bit method, got bits={self.bits}")
-        if self.group_size != -1 and (self.group_size < 16 or self.group_size & (self.group_size - 1)):
-            raise ValueError(f"quantization group_size: must be -1 (per channel) or a power of two >= 16, "
+        # >= 32: a 4-bit K tile of the GPU kernel feeds tl.dot half its columns, and that needs 16
+        if self.group_size != -1 and (self.group_size < 32 or self.group_size & (self.group_size - 1)):
+            raise ValueError(f"quantization group_size: must be -1 (per channel) or a power of two >= 32, "
                              f"got {self.group_size!r}")
         if self.method == "awq" and self.symmetric:
             raise ValueError("quantization: awq stores a zero point per group (symmetric=False)")

@@ -28,14 +28,14 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, cfg: QuantConfig, damp
     dead = torch.diag(h) == 0                      # inputs that never fired: any value is exact
     h[dead, dead] = 1
     w[:, dead] = 0
-    h += damp * torch.diag(h).mean() * torch.eye(n, dtype=h.dtype)
+    h += damp * torch.diag(h).mean() * torch.eye(n, dtype=h.dtype, device=h.device)
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     gl = cfg.group_len(n)
     one_group = dataclasses.replace(cfg, group_size=-1)
     num_groups = cfg.groups(n)
-    scales = torch.empty(out, num_groups, dtype=torch.float64)
-    zeros = torch.empty(out, num_groups, dtype=torch.float64)
-    codes = torch.empty(out, n, dtype=torch.uint8)
+    scales = torch.empty(out, num_groups, dtype=torch.float64, device=w.device)
+    zeros = torch.empty(out, num_groups, dtype=torch.float64, device=w.device)
+    codes = torch.empty(out, n, dtype=torch.uint8, device=w.device)
     qmax = cfg.qmax
     for b0 in range(0, n, BLOCK):
         b1 = min(b0 + BLOCK, n)

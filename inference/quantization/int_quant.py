@@ -6,8 +6,8 @@ q in [0, 2^bits - 1]:
 
     W[o, i] ~= s[o, g] * (q[o, i] - z[o, g]),   g = i // group_len
 
-Asymmetric: s = (max - min) / qmax, z = round(-min / s) in [1, qmax] (0.0 is exact; z >= 1 so
-GPTQ's zero - 1 stays unsigned). Symmetric:
+Asymmetric: s = (max - min) / qmax, z = round(-min / s) (0.0 is exact; z >= 1 for the GPTQ
+format, which stores zero - 1 unsigned). Symmetric:
 s = 2 max|w| / qmax, z = (qmax + 1) / 2 (GPTQ's convention, which the checkpoint format stores).
 Codes are kept unsigned; 4-bit codes are packed two per byte (low nibble = even column).
 """
@@ -40,8 +40,8 @@ def group_params(w: torch.Tensor, cfg: QuantConfig) -> tuple[torch.Tensor, torch
     else:
         lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
         scale = ((hi - lo) / qmax).clamp(min=1e-10)
-        # zero >= 1: the GPTQ (v1) format stores zero - 1 unsigned
-        zero = (-lo / scale).round().clamp(1, qmax)
+        # GPTQ's (v1) format stores zero - 1 unsigned, so its zero points start at 1; AWQ's at 0
+        zero = (-lo / scale).round().clamp(0 if cfg.method == "awq" else 1, qmax)
     # fp16-representable scales (both checkpoint formats store fp16), chosen before any code is
     # rounded, so what is written is what was optimised
     return scale.clamp(min=1e-6).half().float(), zero

@@ -26,6 +26,9 @@ def quantize_to_dir(model: str, method: str, bits: int, group_size: int, out: st
     cfg = QuantConfig(method, bits, group_size, symmetric)         # bad method/bits/group: fails here
     if save_dtype not in SAVE_DTYPES:
         raise ValueError(f"save dtype: must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
+    if method != "rtn" and device != "cpu":
+        raise ValueError(f"--method {method}: calibration runs the model's PyTorch layers, on the CPU for now "
+                         "(--device cpu)")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty")

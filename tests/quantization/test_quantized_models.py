@@ -207,3 +207,34 @@ def test_fp8_kv_cache(llm_fp32):
     assert kl < 0.05, kl
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         LLM("smollm2", kv_cache_dtype="int8", **kw)
+
+
+def test_qwen2_biases_round_trip_and_missing_biases_are_an_error(tmp_path):
+    """A Qwen2-shaped checkpoint (q/k/v biases): quantized, written, loaded with every weight off
+    the meta device and the same logits; the same checkpoint without one bias fails clearly."""
+    from inference.loader.presets import preset_config
+    from inference.loader.weights import build_model, init_random_weights
+    from inference.models.arch import ModelArch
+    from inference.quantization.checkpoint import save_quantized
+    hf = {**preset_config("tiny"), "model_type": "qwen2"}
+    arch = ModelArch.from_hf_config(hf)
+    model = build_model(arch, 256, torch.float32, torch.device("cpu"))
+    init_random_weights(model, 5)
+    assert model.layers[0].self_attn.qkv_proj.bias is not None
+    cfg = QuantConfig("rtn", 4, 32)
+    quantize_model(model, cfg, progress=False)
+    save_quantized(model, cfg, tmp_path / "q", hf, None, torch.float32)
+    probe = rand_ids(21, 3, arch.vocab_size)
+    loaded = load_model(ModelConfig(model=str(tmp_path / "q"), dtype="float32"))
+    assert all(p.device.type == "cpu" for p in loaded.model.parameters())      # nothing left on meta
+    assert torch.allclose(forward_logits(loaded.model, probe), forward_logits(model, probe), atol=1e-5)
+    tensors = load_file(str(tmp_path / "q" / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.k_proj.bias"]
+    save_file(tensors, str(tmp_path / "q" / "model.safetensors"))
+    with pytest.raises(ValueError, match="k_proj.bias is missing"):
+        load_model(ModelConfig(model=str(tmp_path / "q"), dtype="float32"))
+
+
+def test_calibrated_quantization_runs_on_the_cpu_only_for_now(tmp_path):
+    with pytest.raises(ValueError, match="--device cpu"):
+        quantize_to_dir(TINY, "gptq", 4, 32, tmp_path / "x", device="cuda", progress=False)
