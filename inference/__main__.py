@@ -26,8 +26,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--enforce-eager", action="store_true", default=None, help="cuda: no CUDA graphs")
     p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
-    p.add_argument("--quantization", choices=["int8", "int4", "awq", "gptq"],
-                   help="int8/int4: quantize on load; awq/gptq: the checkpoint's format")
+    p.add_argument("--quantization", choices=["int8", "int4", "fp8", "awq", "gptq"],
+                   help="int8/int4/fp8: quantize on load; awq/gptq: the checkpoint's format")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

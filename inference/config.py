@@ -16,7 +16,7 @@ import yaml
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 POLICIES = ("fcfs", "priority")
-QUANTIZATION = ("int8", "int4", "awq", "gptq")
+QUANTIZATION = ("int8", "int4", "fp8", "awq", "gptq")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 

@@ -127,6 +127,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
                              f"context length {max_model_len}")
         max_model_len = config.max_model_len
     checkpoint_quant = checked_quantization(config, hf_config if model_dir is not None else {})
+    if config.quantization == "fp8":
+        from inference.quantization.fp8 import check_fp8_supported
+        check_fp8_supported(device)
     model = build_model(arch, max_model_len, dtype, device, skip_decoder_linears=checkpoint_quant is not None)
     if model_dir is None:
         init_random_weights(model, config.seed)
@@ -147,6 +150,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
         from inference.quantization.config import QuantConfig
         from inference.quantization.transform import quantize_model
         quantize_model(model, QuantConfig.from_engine_arg(config.quantization), progress=False)
+    elif config.quantization == "fp8":
+        from inference.quantization.fp8 import fp8_quantize_model
+        fp8_quantize_model(model)
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     if device.type == "cuda":

@@ -7,7 +7,8 @@ touched, and mapped to and from the `quantization_config` of a Hugging Face chec
     awq     4     128                 yes          AWQ scales    AWQ GEMM layout (`quant_method: awq`)
 
 `LLM(quantization=...)` also takes the shorthands "int8" (rtn, 8 bits, per output channel,
-symmetric) and "int4" (rtn, 4 bits, group 128, asymmetric).
+symmetric) and "int4" (rtn, 4 bits, group 128, asymmetric), and "fp8" (fp8.py: e4m3 weights and
+activations, not an integer format).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Any
 
 METHODS = ("rtn", "gptq", "awq")
 SHORTHANDS = ("int8", "int4")
-ENGINE_CHOICES = SHORTHANDS + ("awq", "gptq")        # LLM(quantization=...)
 
 
 @dataclass(frozen=True)

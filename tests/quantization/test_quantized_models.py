@@ -238,3 +238,27 @@ def test_qwen2_biases_round_trip_and_missing_biases_are_an_error(tmp_path):
 def test_calibrated_quantization_runs_on_the_cpu_only_for_now(tmp_path):
     with pytest.raises(ValueError, match="--device cpu"):
         quantize_to_dir(TINY, "gptq", 4, 32, tmp_path / "x", device="cuda", progress=False)
+
+
+def test_fp8_weights_and_activations():
+    from inference.quantization.fp8 import Fp8Linear, check_fp8_supported
+    gen = torch.Generator().manual_seed(4)
+    linear = torch.nn.Linear(64, 48, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64, generator=gen) * 0.05)
+    x = torch.randn(2, 7, 64, generator=gen) * torch.rand(2, 7, 1, generator=gen) * 5   # rows of mixed scale
+    want = linear(x)
+    layer = Fp8Linear(linear)
+    got = layer(x)
+    assert layer.weight_fp8.dtype == torch.float8_e4m3fn and got.shape == want.shape
+    rel = float((got - want).norm() / want.norm())
+    assert 0 < rel < 0.06, rel                                   # e4m3 keeps 3 mantissa bits
+    # the whole model through the engine, and a clear error on GPUs without FP8
+    llm = LLM(TINY, quantization="fp8", dtype="float32", max_model_len=128, kv_cache_memory_bytes=4 << 20)
+    assert any(isinstance(m, Fp8Linear) for m in llm.engine.runner.model.modules())
+    out = llm.generate({"prompt_token_ids": rand_ids(12, 1, 500)}, SamplingParams(max_tokens=4, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match=r"compute capability 8\.9\+.*8\.0"):
+        check_fp8_supported(torch.device("cuda"), capability=(8, 0))
+    check_fp8_supported(torch.device("cuda"), capability=(9, 0))

@@ -1,0 +1,73 @@
+"""FP8 (e4m3) weights and activations: `LLM(quantization="fp8")`.
+
+Each decoder linear keeps its weight in float8 e4m3 with one scale per output channel; each
+forward scales every input row (token) by its own max |x| into e4m3 and multiplies with
+`torch._scaled_mm`, which applies both scales to the fp32 accumulator:
+
+    y[m, n] = x_scale[m] * w_scale[n] * sum_k x8[m, k] * w8[n, k]
+
+That is what Hopper's FP8 tensor cores do natively (twice bf16's rate). GPUs before compute
+capability 8.9 have no FP8 matmul: asking for fp8 there is an error before any weight is
+touched. On the CPU, PyTorch's reference `_scaled_mm` runs the same arithmetic (for quality).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+E4M3_MAX = 448.0
+
+
+def check_fp8_supported(device: torch.device, capability: tuple[int, int] | None = None) -> None:
+    """Raise a clear error on a GPU without FP8 matmuls (capability: for tests)."""
+    if device.type != "cuda":
+        return
+    major, minor = capability or torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        name = torch.cuda.get_device_name(device) if capability is None else "this GPU"
+        raise ValueError(f"quantization='fp8' needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper); "
+                         f"{name} is {major}.{minor}. Use quantization='int8' instead")
+
+
+def to_e4m3(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x scaled along `dim` by max|x| / 448 into e4m3, and the fp32 scales (keepdim)."""
+    scale = (x.abs().amax(dim=dim, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+class Fp8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w8, w_scale = to_e4m3(linear.weight.detach(), dim=1)                # [N, K], [N, 1]
+        self.register_buffer("weight_fp8", w8)
+        self.register_buffer("weight_scale", w_scale.t().contiguous())      # [1, N]
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        m = rows.shape[0]
+        if rows.is_cuda and m % 16:                  # cuBLASLt's FP8 GEMM wants 16-aligned dims
+            rows = F.pad(rows, (0, 0, 0, 16 - m % 16))
+        x8, x_scale = to_e4m3(rows, dim=1)                                  # [M, K], [M, 1]
+        out_dtype = x.dtype if x.dtype != torch.float32 or not rows.is_cuda else torch.bfloat16
+        y = torch._scaled_mm(x8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
+                             out_dtype=out_dtype)[:m].to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def weight_bytes(self) -> int:
+        return self.weight_fp8.numel() + 4 * self.weight_scale.numel()
+
+
+def fp8_quantize_model(model: nn.Module) -> dict:
+    """Every decoder linear -> Fp8Linear, in place."""
+    from inference.quantization.transform import decoder_linears, replace_module
+    linears = decoder_linears(model)
+    before = sum(m.weight.numel() * m.weight.element_size() for m in linears.values())
+    for name, linear in linears.items():
+        replace_module(model, name, Fp8Linear(linear))
+    after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, Fp8Linear))
+    return {"linear_bytes_before": before, "linear_bytes_after": after}
