@@ -86,8 +86,8 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, cfg: QuantConfig, max_rows: in
 
 
 @torch.no_grad()
-def apply_awq_scales(layer: nn.Module, arch: ModelArch, stats: dict[str, InputStats], prefix: str,
-                     cfg: QuantConfig) -> dict[str, float]:
+def apply_awq_scales(layer: nn.Module, arch: ModelArch, stats: dict[str, InputStats],
+                     cfg: QuantConfig) -> dict[str, tuple[float, torch.Tensor]]:
     """Search and fold the four scales of one decoder layer (before any of its weights is
     quantized); exact before rounding. Returns linear name -> (alpha, the scale s)."""
     attn, mlp = layer.self_attn, layer.mlp
@@ -96,7 +96,7 @@ def apply_awq_scales(layer: nn.Module, arch: ModelArch, stats: dict[str, InputSt
     group = arch.num_attention_heads // arch.num_key_value_heads
     chosen = {}
     # o_proj first: its 1/s lands in qkv's V rows, which qkv's own search must then see
-    s, alpha = search_scale(attn.o_proj.weight, stats[f"{prefix}.self_attn.o_proj"], cfg,
+    s, alpha = search_scale(attn.o_proj.weight, stats["self_attn.o_proj"], cfg,
                             arch.num_key_value_heads, group)
     chosen["self_attn.o_proj"] = (alpha, s)
     attn.o_proj.weight.mul_(s.to(attn.o_proj.weight.dtype))
@@ -105,14 +105,14 @@ def apply_awq_scales(layer: nn.Module, arch: ModelArch, stats: dict[str, InputSt
     attn.qkv_proj.weight[v_rows] /= v_scale[:, None].to(attn.qkv_proj.weight.dtype)
     if attn.qkv_proj.bias is not None:
         attn.qkv_proj.bias[v_rows] /= v_scale.to(attn.qkv_proj.bias.dtype)
-    s, alpha = search_scale(mlp.down_proj.weight, stats[f"{prefix}.mlp.down_proj"], cfg)
+    s, alpha = search_scale(mlp.down_proj.weight, stats["mlp.down_proj"], cfg)
     chosen["mlp.down_proj"] = (alpha, s)
     mlp.down_proj.weight.mul_(s.to(mlp.down_proj.weight.dtype))
     mlp.gate_up_proj.weight[inter:] /= s[:, None].to(mlp.gate_up_proj.weight.dtype)
     for name, norm in (("self_attn.qkv_proj", layer.input_layernorm),
                        ("mlp.gate_up_proj", layer.post_attention_layernorm)):
         linear = layer.get_submodule(name)
-        s, alpha = search_scale(linear.weight, stats[f"{prefix}.{name}"], cfg)
+        s, alpha = search_scale(linear.weight, stats[name], cfg)
         chosen[name] = (alpha, s)
         linear.weight.mul_(s.to(linear.weight.dtype))
         norm.weight.div_(s.to(norm.weight.dtype))
@@ -120,13 +120,13 @@ def apply_awq_scales(layer: nn.Module, arch: ModelArch, stats: dict[str, InputSt
 
 
 @torch.no_grad()
-def apply_awq_clip(layer: nn.Module, stats: dict[str, InputStats], prefix: str, cfg: QuantConfig,
+def apply_awq_clip(layer: nn.Module, stats: dict[str, InputStats], cfg: QuantConfig,
                    chosen: dict[str, tuple[float, torch.Tensor]]) -> None:
     """Clip each scaled linear's groups (`search_clip`) on its scaled inputs. Like AutoAWQ, the q
     and k rows are left alone: attention scores are too sensitive to a shrunk range."""
     attn = layer.self_attn
     for name, (_, s) in chosen.items():
         linear = layer.get_submodule(name)
-        x = stats[f"{prefix}.{name}"].sample_rows() / s
+        x = stats[name].sample_rows() / s
         rows = slice(attn.q_size + attn.kv_size, None) if name == "self_attn.qkv_proj" else slice(None)
         linear.weight[rows] = search_clip(linear.weight[rows], x, cfg)

@@ -1,4 +1,5 @@
-"""Calibration and evaluation text, whole-sequence forward passes, and captured layer inputs.
+"""Calibration and evaluation text, whole-sequence forward passes, and layer-by-layer input
+statistics for GPTQ and AWQ.
 
 The corpus is the running Python's own standard library source (every top-level `*.py` module,
 sorted by name): any machine with the same Python rebuilds exactly the same token windows, and
@@ -88,26 +89,74 @@ class InputStats:
         return torch.cat(self.sample)
 
 
-def collect_input_stats(model: nn.Module, modules: dict[str, nn.Module], windows: list[list[int]],
-                        with_hessian: bool, sample_rows: int, progress: bool = True) -> dict[str, InputStats]:
-    """Run the (unquantized) model over the calibration windows, keeping each module's input stats.
-    The model calls `layer.forward(x)` directly (no __call__, so no hooks fire): the capture
-    shadows each module's forward with an instance attribute while it runs."""
-    from tqdm.auto import tqdm
-    stats = {name: InputStats() for name in modules}
-    per_call = -(-sample_rows // max(1, len(windows)))
+@dataclass
+class WindowState:
+    """One calibration window between two decoder layers."""
+    x: torch.Tensor
+    residual: torch.Tensor | None
+    rope: object
+    meta: AttentionMetadata
+    kv: tuple[torch.Tensor, torch.Tensor]          # one layer's throwaway cache, reused by every layer
 
-    def wrap(name: str, forward):
-        def capture(x, *args, **kwargs):
-            stats[name].add(x, with_hessian, sample_rows, per_call)
-            return forward(x, *args, **kwargs)
-        return capture
-    for name, m in modules.items():
-        m.forward = wrap(name, m.forward)
-    try:
-        for window in tqdm(windows, desc="Calibrating", unit="window", disable=not progress, leave=False):
-            forward_hidden(model, window)
-    finally:
-        for m in modules.values():
-            del m.forward
-    return stats
+
+class LayerwiseCalibration:
+    """Calibration one decoder layer at a time (GPTQ's sequential scheme): each layer sees the
+    outputs of the layers before it *as quantized*, and only that layer's input statistics exist
+    at any moment (a 70B model's Hessians would not fit otherwise).
+
+        cal = LayerwiseCalibration(model, windows)
+        for i, layer in enumerate(model.layers):
+            stats = cal.stats(layer, names, with_hessian, sample_rows)   # runs layer i as it is
+            ... quantize layer i ...
+            cal.advance(layer)                                         # runs it again, quantized
+    """
+
+    def __init__(self, model: nn.Module, windows: list[list[int]]):
+        device = model.embed_tokens.weight.device
+        dtype = model.embed_tokens.weight.dtype
+        arch = model.arch
+        self.states = []
+        with torch.no_grad():
+            for w in windows:
+                t = len(w)
+                ids, pos = torch.tensor(w, device=device), torch.arange(t, device=device)
+                x = model.embed_tokens(ids)
+                shape = (1, t, arch.num_key_value_heads, arch.head_dim)
+                meta = AttentionMetadata(slot_mapping=pos, prefills=[
+                    PrefillChunk(0, t, t, torch.zeros(1, dtype=torch.long, device=device), None)])
+                self.states.append(WindowState(x, None, model.rotary.prepare(pos, dtype), meta,
+                                               (torch.empty(shape, dtype=dtype, device=device),
+                                                torch.empty(shape, dtype=dtype, device=device))))
+
+    def _run(self, layer: nn.Module, st: WindowState):
+        return layer.forward(st.x, st.residual, st.rope, st.kv[0], st.kv[1], st.meta)
+
+    @torch.no_grad()
+    def stats(self, layer: nn.Module, names: list[str], with_hessian: bool, sample_rows: int) -> dict[str, InputStats]:
+        """Input statistics of layer.get_submodule(name) for each name, over every window. The
+        layer calls `linear.forward(x)` directly (no __call__, so no hooks fire): each forward is
+        shadowed by an instance attribute while the layer runs."""
+        modules = {name: layer.get_submodule(name) for name in names}
+        stats = {name: InputStats() for name in names}
+        per_call = -(-sample_rows // max(1, len(self.states)))
+
+        def wrap(name: str, forward):
+            def capture(x, *args, **kwargs):
+                stats[name].add(x, with_hessian, sample_rows, per_call)
+                return forward(x, *args, **kwargs)
+            return capture
+        for name, m in modules.items():
+            m.forward = wrap(name, m.forward)
+        try:
+            for st in self.states:
+                self._run(layer, st)
+        finally:
+            for m in modules.values():
+                del m.forward
+        return stats
+
+    @torch.no_grad()
+    def advance(self, layer: nn.Module) -> None:
+        """Every window through `layer` (now quantized): the next layer's inputs."""
+        for st in self.states:
+            st.x, st.residual = self._run(layer, st)

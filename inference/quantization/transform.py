@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from inference.models.llama import LlamaForCausalLM
 from inference.quantization.awq import apply_awq_clip, apply_awq_scales
-from inference.quantization.calibration import collect_input_stats
+from inference.quantization.calibration import LayerwiseCalibration
 from inference.quantization.config import QuantConfig
 from inference.quantization.gptq import gptq_quantize
 from inference.quantization.int_quant import quantize_rtn
@@ -44,30 +44,33 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 @torch.no_grad()
 def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list[int]] | None = None,
                    progress: bool = True) -> dict:
-    """Quantize in place. rtn needs no data; gptq and awq calibrate on `windows` (token lists).
-    Returns a summary (bytes before/after, AWQ alphas)."""
+    """Quantize in place. rtn needs no data; gptq and awq calibrate on `windows` (token lists),
+    one decoder layer at a time on the outputs of the layers already quantized. Returns a
+    summary (bytes before/after, AWQ alphas)."""
     linears = decoder_linears(model)
     if cfg.method != "rtn" and not windows:
         raise ValueError(f"quantize: {cfg.method} needs calibration windows")
     bytes_before = sum(m.weight.numel() * m.weight.element_size() for m in linears.values())
-    stats = None
-    if cfg.method != "rtn":
-        stats = collect_input_stats(model, linears, windows, with_hessian=cfg.method == "gptq",
-                                    sample_rows=SAMPLE_ROWS if cfg.method == "awq" else 0, progress=progress)
+    cal = LayerwiseCalibration(model, windows) if cfg.method != "rtn" else None
     alphas = {}
-    if cfg.method == "awq":
-        for i, layer in enumerate(tqdm(model.layers, desc="AWQ scales", disable=not progress, leave=False)):
-            chosen = apply_awq_scales(layer, model.arch, stats, f"layers.{i}", cfg)
-            apply_awq_clip(layer, stats, f"layers.{i}", cfg, chosen)
+    desc = f"Quantizing ({cfg.method}, {cfg.bits}-bit)"
+    for i, layer in enumerate(tqdm(model.layers, desc=desc, unit="layer", disable=not progress, leave=False)):
+        stats = None
+        if cal is not None:
+            stats = cal.stats(layer, list(LINEARS), with_hessian=cfg.method == "gptq",
+                              sample_rows=SAMPLE_ROWS if cfg.method == "awq" else 0)
+        if cfg.method == "awq":
+            chosen = apply_awq_scales(layer, model.arch, stats, cfg)
+            apply_awq_clip(layer, stats, cfg, chosen)
             alphas[i] = {name: alpha for name, (alpha, _) in chosen.items()}
-    for name, linear in tqdm(linears.items(), desc=f"Quantizing ({cfg.method}, {cfg.bits}-bit)",
-                             disable=not progress, leave=False):
-        w = linear.weight
-        if cfg.method == "gptq":
-            codes, scales, zeros = gptq_quantize(w, stats[name].hessian, cfg)
-            stats[name].hessian = None                       # free as we go
-        else:
-            codes, scales, zeros = quantize_rtn(w, cfg)
-        replace_module(model, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
+        for name in LINEARS:
+            linear = layer.get_submodule(name)
+            if cfg.method == "gptq":
+                codes, scales, zeros = gptq_quantize(linear.weight, stats[name].hessian, cfg)
+            else:
+                codes, scales, zeros = quantize_rtn(linear.weight, cfg)
+            replace_module(layer, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
+        if cal is not None:
+            cal.advance(layer)
     bytes_after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas}

@@ -15,10 +15,10 @@ from inference import LLM, SamplingParams
 from inference.config import ModelConfig
 from inference.loader.model_loader import load_model
 from inference.quantization.awq import apply_awq_scales
-from inference.quantization.calibration import collect_input_stats, forward_logits, stdlib_windows
+from inference.quantization.calibration import LayerwiseCalibration, forward_logits, stdlib_windows
 from inference.quantization.config import QuantConfig
 from inference.quantization.quant_linear import QuantLinear
-from inference.quantization.transform import decoder_linears, quantize_model
+from inference.quantization.transform import LINEARS, quantize_model
 from inference.quantization.workflow import quantize_to_dir
 from tests.conftest import assert_all_blocks_free
 
@@ -41,10 +41,12 @@ def test_awq_folding_keeps_the_unquantized_function():
     calib = [rand_ids(48, s, vocab) for s in range(3)]
     probe = rand_ids(40, 99, vocab)
     before = forward_logits(lm.model, probe)
-    linears = decoder_linears(lm.model)
-    stats = collect_input_stats(lm.model, linears, calib, with_hessian=False, sample_rows=64, progress=False)
+    cal = LayerwiseCalibration(lm.model, calib)
     cfg = QuantConfig("awq", 4, 32)
-    alphas = [apply_awq_scales(layer, lm.arch, stats, f"layers.{i}", cfg) for i, layer in enumerate(lm.model.layers)]
+    alphas = []
+    for layer in lm.model.layers:
+        alphas.append(apply_awq_scales(layer, lm.arch, cal.stats(layer, list(LINEARS), False, 64), cfg))
+        cal.advance(layer)
     assert any(a > 0 for layer in alphas for a, _ in layer.values()), "every scale search chose alpha 0"
     after = forward_logits(lm.model, probe)
     assert torch.allclose(before, after, atol=2e-4, rtol=1e-4), float((before - after).abs().max())
