@@ -100,15 +100,15 @@ class WindowState:
 
 
 class LayerwiseCalibration:
-    """Calibration one decoder layer at a time (GPTQ's sequential scheme): each layer sees the
-    outputs of the layers before it *as quantized*, and only that layer's input statistics exist
-    at any moment (a 70B model's Hessians would not fit otherwise).
+    """Calibration one decoder layer at a time: only that layer's input statistics exist at any
+    moment (a 70B model's Hessians would not fit otherwise), and `advance` decides what the next
+    layer sees: the layer's outputs after quantizing it (GPTQ's sequential scheme) or before.
 
         cal = LayerwiseCalibration(model, windows)
         for i, layer in enumerate(model.layers):
             stats = cal.stats(layer, names, with_hessian, sample_rows)   # runs layer i as it is
             ... quantize layer i ...
-            cal.advance(layer)                                         # runs it again, quantized
+            cal.advance(layer)                                         # runs it again
     """
 
     def __init__(self, model: nn.Module, windows: list[list[int]]):
@@ -157,6 +157,6 @@ class LayerwiseCalibration:
 
     @torch.no_grad()
     def advance(self, layer: nn.Module) -> None:
-        """Every window through `layer` (now quantized): the next layer's inputs."""
+        """Every window through `layer` as it is now: the next layer's inputs."""
         for st in self.states:
             st.x, st.residual = self._run(layer, st)

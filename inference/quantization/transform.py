@@ -45,8 +45,8 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list[int]] | None = None,
                    progress: bool = True) -> dict:
     """Quantize in place. rtn needs no data; gptq and awq calibrate on `windows` (token lists),
-    one decoder layer at a time on the outputs of the layers already quantized. Returns a
-    summary (bytes before/after, AWQ alphas)."""
+    one decoder layer at a time: gptq on the outputs of the layers already quantized, awq on
+    the unquantized ones. Returns a summary (bytes before/after, AWQ alphas)."""
     linears = decoder_linears(model)
     if cfg.method != "rtn" and not windows:
         raise ValueError(f"quantize: {cfg.method} needs calibration windows")
@@ -60,6 +60,9 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
             stats = cal.stats(layer, list(LINEARS), with_hessian=cfg.method == "gptq",
                               sample_rows=SAMPLE_ROWS if cfg.method == "awq" else 0)
         if cfg.method == "awq":
+            # AWQ (as AutoAWQ) feeds the next layer the unquantized layer's outputs; GPTQ (below)
+            # the quantized one's, so each layer corrects for the error before it
+            cal.advance(layer)
             chosen = apply_awq_scales(layer, model.arch, stats, cfg)
             apply_awq_clip(layer, stats, cfg, chosen)
             alphas[i] = {name: alpha for name, (alpha, _) in chosen.items()}
@@ -70,7 +73,7 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
             else:
                 codes, scales, zeros = quantize_rtn(linear.weight, cfg)
             replace_module(layer, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
-        if cal is not None:
+        if cfg.method == "gptq":
             cal.advance(layer)
     bytes_after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas}
