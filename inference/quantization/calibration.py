@@ -69,8 +69,8 @@ class InputStats:
     sample: list[torch.Tensor] = field(default_factory=list)   # the first rows, up to sample_rows
 
     def add(self, x: torch.Tensor, with_hessian: bool, sample_rows: int, per_call: int) -> None:
-        """One forward's inputs; keeps per_call of its rows (after the first, an attention sink)
-        for the sample, so the sample spans the calibration windows."""
+        """One forward's inputs; keeps per_call of its rows, evenly spaced from the first (the
+        attention sink every later token leans on), so the sample spans the windows."""
         x = x.reshape(-1, x.shape[-1]).float()
         self.num_rows += x.shape[0]
         a = x.abs().sum(0)
@@ -80,7 +80,9 @@ class InputStats:
             self.hessian = h if self.hessian is None else self.hessian + h
         have = sum(t.shape[0] for t in self.sample)
         if have < sample_rows:
-            self.sample.append(x[1:1 + min(per_call, sample_rows - have)].clone())
+            take = min(per_call, sample_rows - have, x.shape[0])
+            rows = torch.linspace(0, x.shape[0] - 1, take, device=x.device).round().long()
+            self.sample.append(x[rows].clone())
 
     def mean_abs(self) -> torch.Tensor:
         return self.abs_sum / max(1, self.num_rows)
