@@ -236,11 +236,7 @@ class CudaModelRunner(ModelRunner):
         dev = self.device
         if mixed is not None:
             self._stage_chunks(items[num_decodes:])
-            bd = decode_rows
-            for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
-                d[:rows].copy_(h[:rows], non_blocking=True)
-            self.d_ctx[:bd].copy_(self.h_ctx[:bd], non_blocking=True)
-            self.d_tables[:bd].copy_(self.h_tables[:bd], non_blocking=True)
+            self._upload_staged(rows, decode_rows)
             for h, d in ((self.h_pf_tables, self.d_pf_tables), (self.h_pf_starts, self.d_pf_starts),
                          (self.h_pf_ctx, self.d_pf_ctx)):
                 d.copy_(h, non_blocking=True)
@@ -252,10 +248,7 @@ class CudaModelRunner(ModelRunner):
                 return StepHandle(output=ModelRunnerOutput())
             logits = self.model.compute_logits(hidden[list_to_device(sample_rows, torch.long, dev)])
         elif graph_batch is not None:
-            for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
-                d[:rows].copy_(h[:rows], non_blocking=True)
-            self.d_ctx[:rows].copy_(self.h_ctx[:rows], non_blocking=True)
-            self.d_tables[:rows].copy_(self.h_tables[:rows], non_blocking=True)
+            self._upload_staged(rows, decode_rows)
             self.copied.record()                   # graphs only exist on CUDA
             self._take_prev_tokens(self.d_ids, waiting_rows, items, prev)
             logits = self.graphs.replay(graph_batch)[:num_tokens]
@@ -295,6 +288,14 @@ class CudaModelRunner(ModelRunner):
             handle.done.record()
         return handle
 
+
+    def _upload_staged(self, rows: int, decode_rows: int) -> None:
+        """Staged ids, positions and slots of `rows` rows, and the context lengths and block
+        tables of the first `decode_rows`, into the persistent device buffers the graphs read."""
+        for h, d in ((self.h_ids, self.d_ids), (self.h_pos, self.d_pos), (self.h_slots, self.d_slots)):
+            d[:rows].copy_(h[:rows], non_blocking=True)
+        self.d_ctx[:decode_rows].copy_(self.h_ctx[:decode_rows], non_blocking=True)
+        self.d_tables[:decode_rows].copy_(self.h_tables[:decode_rows], non_blocking=True)
 
     def _stage_inputs(self, items: list[ScheduledRequest], num_decodes: int, rows: int,
                       decode_rows: int) -> tuple[list[int], list[int]]:

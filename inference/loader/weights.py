@@ -15,7 +15,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from inference.models.arch import ModelArch
-from inference.models.llama import LlamaForCausalLM, RotaryEmbedding
+from inference.models.llama import DECODER_LINEARS, LlamaForCausalLM, RotaryEmbedding
 
 # checkpoint name -> (our parameter name, shard index within a fused parameter)
 _LAYER_RULES = [
@@ -32,7 +32,7 @@ _LAYER_RULES = [
 _IGNORED = re.compile(r".*(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 
 
-DECODER_LINEARS = re.compile(r"layers\.\d+\.(self_attn\.qkv_proj|self_attn\.o_proj|mlp\.gate_up_proj|mlp\.down_proj)$")
+_DECODER_LINEAR = re.compile(r"layers\.\d+\.(" + "|".join(map(re.escape, DECODER_LINEARS)) + ")$")
 
 
 def build_model(arch: ModelArch, max_positions: int, dtype: torch.dtype, device: torch.device,
@@ -43,7 +43,7 @@ def build_model(arch: ModelArch, max_positions: int, dtype: torch.dtype, device:
     with torch.device("meta"):
         model = LlamaForCausalLM(arch, max_positions)
     for module_name, module in model.named_modules():
-        if skip_decoder_linears and DECODER_LINEARS.match(module_name):
+        if skip_decoder_linears and _DECODER_LINEAR.match(module_name):
             continue
         for name, param in list(module._parameters.items()):
             if param is not None:

@@ -148,6 +148,10 @@ class LlamaMLP(nn.Module):
         return self.down_proj.forward(self.act.forward(self.gate_up_proj.forward(x)))
 
 
+# a decoder layer's linear layers (what quantization replaces, and quantized checkpoints fill)
+DECODER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, arch: ModelArch):
         super().__init__()

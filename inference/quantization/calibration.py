@@ -37,6 +37,12 @@ def stdlib_windows(tokenizer: Tokenizer, split: str, num_windows: int, seq_len: 
     raise ValueError(f"the stdlib holds fewer than {num_windows} windows of {seq_len} tokens ({len(windows)})")
 
 
+def one_sequence_meta(num_tokens: int, device) -> AttentionMetadata:
+    """One causal prefill of num_tokens on a one-block cache of num_tokens slots."""
+    return AttentionMetadata(slot_mapping=torch.arange(num_tokens, device=device), prefills=[
+        PrefillChunk(0, num_tokens, num_tokens, torch.zeros(1, dtype=torch.long, device=device), None)])
+
+
 @torch.inference_mode()
 def forward_hidden(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Final hidden states [T, hidden] of one sequence, causal, on a throwaway one-block KV cache
@@ -48,10 +54,8 @@ def forward_hidden(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype
     shape = (1, t, arch.num_key_value_heads, arch.head_dim)
     kv = [(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
           for _ in range(arch.num_hidden_layers)]
-    meta = AttentionMetadata(slot_mapping=torch.arange(t, device=device),
-                             prefills=[PrefillChunk(0, t, t, torch.zeros(1, dtype=torch.long, device=device), None)])
     ids = torch.tensor(token_ids, device=device)
-    return model(ids, torch.arange(t, device=device), kv, meta)
+    return model(ids, torch.arange(t, device=device), kv, one_sequence_meta(t, device))
 
 
 def forward_logits(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -124,9 +128,7 @@ class LayerwiseCalibration:
                 ids, pos = torch.tensor(w, device=device), torch.arange(t, device=device)
                 x = model.embed_tokens(ids)
                 shape = (1, t, arch.num_key_value_heads, arch.head_dim)
-                meta = AttentionMetadata(slot_mapping=pos, prefills=[
-                    PrefillChunk(0, t, t, torch.zeros(1, dtype=torch.long, device=device), None)])
-                self.states.append(WindowState(x, None, model.rotary.prepare(pos, dtype), meta,
+                self.states.append(WindowState(x, None, model.rotary.prepare(pos, dtype), one_sequence_meta(t, device),
                                                (torch.empty(shape, dtype=dtype, device=device),
                                                 torch.empty(shape, dtype=dtype, device=device))))
 

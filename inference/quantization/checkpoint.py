@@ -60,8 +60,8 @@ def _unpack(words: torch.Tensor, bits: int, order: tuple[int, ...] | None = None
 
 def _projection_shapes(arch: ModelArch) -> dict[str, tuple[int, int]]:
     """HF projection -> (out, in)."""
-    h, q, kv, i = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim, \
-        arch.intermediate_size
+    h, i = arch.hidden_size, arch.intermediate_size
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
     return {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
             "self_attn.o_proj": (h, q), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
 

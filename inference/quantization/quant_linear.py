@@ -4,8 +4,8 @@
     scales   fp32 [out, G]      zeros  fp32 [out, G]      (G groups along the input dim)
 
 On the CPU, forward dequantizes the weight to the activations' dtype and multiplies; on CUDA it
-runs the W8A16 / W4A16 Triton kernel (kernels/quant_matmul.py), which reads the codes directly. The weight bytes the model
-holds are the codes plus the group parameters, which is what `weight_bytes` reports.
+runs the W8A16 / W4A16 Triton kernel (kernels/quant_matmul.py), which reads the codes directly.
+The weight bytes the model holds are the codes plus the group parameters (`weight_bytes`).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from inference.models.llama import LlamaForCausalLM
+from inference.models.llama import DECODER_LINEARS, LlamaForCausalLM
 from inference.quantization.awq import apply_awq_clip, apply_awq_scales
 from inference.quantization.calibration import LayerwiseCalibration
 from inference.quantization.config import QuantConfig
@@ -19,15 +19,14 @@ from inference.quantization.gptq import gptq_quantize
 from inference.quantization.int_quant import quantize_rtn
 from inference.quantization.quant_linear import QuantLinear
 
-LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 SAMPLE_ROWS = 512           # calibration rows AWQ's search evaluates each candidate scale on
 
 
 def decoder_linears(model: LlamaForCausalLM) -> dict[str, nn.Linear]:
-    """'layers.{i}.{LINEARS[j]}' -> the nn.Linear."""
+    """'layers.{i}.{DECODER_LINEARS[j]}' -> the nn.Linear."""
     out = {}
     for i, layer in enumerate(model.layers):
-        for name in LINEARS:
+        for name in DECODER_LINEARS:
             module = layer.get_submodule(name)
             if not isinstance(module, nn.Linear):
                 raise ValueError(f"quantize: layers.{i}.{name} is a {type(module).__name__}, not a plain "
@@ -57,7 +56,7 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
     for i, layer in enumerate(tqdm(model.layers, desc=desc, unit="layer", disable=not progress, leave=False)):
         stats = None
         if cal is not None:
-            stats = cal.stats(layer, list(LINEARS), with_hessian=cfg.method == "gptq",
+            stats = cal.stats(layer, list(DECODER_LINEARS), with_hessian=cfg.method == "gptq",
                               sample_rows=SAMPLE_ROWS if cfg.method == "awq" else 0)
         if cfg.method == "awq":
             # AWQ (as AutoAWQ) feeds the next layer the unquantized layer's outputs; GPTQ (below)
@@ -66,7 +65,7 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
             chosen = apply_awq_scales(layer, model.arch, stats, cfg)
             apply_awq_clip(layer, stats, cfg, chosen)
             alphas[i] = {name: alpha for name, (alpha, _) in chosen.items()}
-        for name in LINEARS:
+        for name in DECODER_LINEARS:
             linear = layer.get_submodule(name)
             if cfg.method == "gptq":
                 codes, scales, zeros = gptq_quantize(linear.weight, stats[name].hessian, cfg)

@@ -18,7 +18,8 @@ from inference.quantization.awq import apply_awq_scales
 from inference.quantization.calibration import LayerwiseCalibration, forward_logits, stdlib_windows
 from inference.quantization.config import QuantConfig
 from inference.quantization.quant_linear import QuantLinear
-from inference.quantization.transform import LINEARS, quantize_model
+from inference.models.llama import DECODER_LINEARS
+from inference.quantization.transform import quantize_model
 from inference.quantization.workflow import quantize_to_dir
 from tests.conftest import assert_all_blocks_free
 
@@ -45,7 +46,7 @@ def test_awq_folding_keeps_the_unquantized_function():
     cfg = QuantConfig("awq", 4, 32)
     alphas = []
     for layer in lm.model.layers:
-        alphas.append(apply_awq_scales(layer, lm.arch, cal.stats(layer, list(LINEARS), False, 64), cfg))
+        alphas.append(apply_awq_scales(layer, lm.arch, cal.stats(layer, list(DECODER_LINEARS), False, 64), cfg))
         cal.advance(layer)
     assert any(a > 0 for layer in alphas for a, _ in layer.values()), "every scale search chose alpha 0"
     after = forward_logits(lm.model, probe)
