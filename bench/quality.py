@@ -27,6 +27,7 @@ from inference.loader.model_loader import load_model  # noqa: E402
 from inference.quantization.calibration import forward_logits, stdlib_windows  # noqa: E402
 from inference.quantization.config import QuantConfig  # noqa: E402
 from inference.quantization.fp8 import fp8_quantize_model  # noqa: E402
+from inference.quantization.sparsity import sparsify_model  # noqa: E402
 from inference.quantization.transform import quantize_model  # noqa: E402
 
 VARIANTS = {                                     # name -> QuantConfig
@@ -38,6 +39,8 @@ VARIANTS = {                                     # name -> QuantConfig
     "int4 awq g32": QuantConfig("awq", 4, 32),
     "int4 gptq g32": QuantConfig("gptq", 4, 32),
     "fp8 w8a8 e4m3": "fp8",                      # inference/quantization/fp8.py
+    "2:4 sparse magnitude": "sparse24",          # inference/quantization/sparsity.py (experimental)
+    "2:4 sparse wanda": "sparse24-wanda",        # scores |w| * ||x|| over the calibration windows
 }
 KV_VARIANTS = {"fp8_e4m3 KV cache": torch.float8_e4m3fn}     # unquantized weights, quantized KV
 TARGETS = {"int8_delta_ppl_pct": 0.5, "int4_calibrated_delta_ppl_pct": 5.0}   # the issue's; none for KV
@@ -94,13 +97,15 @@ def main() -> None:
         t0 = time.perf_counter()
         if cfg == "fp8":
             info = fp8_quantize_model(lm.model)
+        elif isinstance(cfg, str) and cfg.startswith("sparse24"):
+            info = sparsify_model(lm.model, calib if cfg.endswith("wanda") else None)
         else:
             info = quantize_model(lm.model, cfg, None if cfg.method == "rtn" else calib, progress=False)
         seconds = time.perf_counter() - t0
         m, _ = evaluate(lm.model, evals, ref)
         m.update(delta_ppl_pct=100 * (m["ppl"] / ref_metrics["ppl"] - 1), quantize_s=seconds,
                  linear_bytes_vs_bf16=info["linear_bytes_after"] / linear_bytes,
-                 config=cfg if cfg == "fp8" else cfg.to_hf())
+                 config=cfg if isinstance(cfg, str) else cfg.to_hf())
         rows[name] = m
         print(f"{name}: ppl {m['ppl']:.3f} ({m['delta_ppl_pct']:+.2f}%), KL {m['kl']:.4f}, top-1 "
               f"{m['top1_agreement']:.3f} ({seconds:.0f} s)", flush=True)

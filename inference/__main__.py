@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from inference.config import EngineConfig
+from inference.config import KV_CACHE_DTYPES, QUANTIZATION, EngineConfig
 from inference.sampling_params import SamplingParams
 
 
@@ -17,7 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--block-size", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int)
-    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], help="fp8_e4m3: half the KV bytes (CPU path)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="fp8_e4m3: half the KV bytes")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
@@ -26,8 +26,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--enforce-eager", action="store_true", default=None, help="cuda: no CUDA graphs")
     p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
-    p.add_argument("--quantization", choices=["int8", "int4", "fp8", "awq", "gptq"],
-                   help="int8/int4/fp8: quantize on load; awq/gptq: the checkpoint's format")
+    p.add_argument("--quantization", choices=QUANTIZATION,
+                   help="int8/int4/fp8: quantize on load; awq/gptq: the checkpoint's format; "
+                        "sparse24: 2:4 pruning on load (experimental)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

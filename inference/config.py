@@ -16,7 +16,7 @@ import yaml
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 POLICIES = ("fcfs", "priority")
-QUANTIZATION = ("int8", "int4", "fp8", "awq", "gptq")
+QUANTIZATION = ("int8", "int4", "fp8", "awq", "gptq", "sparse24")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
@@ -51,7 +51,8 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9        # share of the GPU's memory the engine may use
     enable_prefix_caching: bool = True
     # "auto": the model's dtype; "fp8_e4m3": half the bytes of bf16 per cached token (values
-    # stored as float8 e4m3 with scale 1, vLLM's default without calibrated scales); CPU path
+    # stored as float8 e4m3 with scale 1, vLLM's default without calibrated scales, saturating at
+    # +-448); the CUDA kernels upcast it to the model's dtype as tiles load
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:

@@ -23,7 +23,7 @@ from inference.cuda_graphs import (
     mixed_shapes,
 )
 from inference.loader.model_loader import LoadedModel
-from inference.model_runner import ModelRunner, StepHandle, kv_bytes_per_block, num_kv_blocks
+from inference.model_runner import ModelRunner, StepHandle, kv_bytes_per_block, kv_cache_dtype, num_kv_blocks
 from inference.models.triton_layers import KernelAttentionMetadata
 from inference.sampler import SamplingRow, list_to_device, sample, sample_on_device
 from inference.sampling_params import SamplingParams
@@ -77,8 +77,9 @@ def _profile_run(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig
     arch = loaded.arch
     num_blocks = -(-sched.max_num_batched_tokens // cache.block_size)
     shape = (num_blocks, cache.block_size, arch.num_key_value_heads, arch.head_dim)
-    kv = [(torch.zeros(shape, dtype=loaded.dtype, device=device),
-           torch.zeros(shape, dtype=loaded.dtype, device=device)) for _ in range(arch.num_hidden_layers)]
+    dtype = kv_cache_dtype(loaded, cache)
+    kv = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+          for _ in range(arch.num_hidden_layers)]
     run_largest_step(loaded, sched, kv, write_kv=True)
 
 

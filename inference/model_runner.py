@@ -54,9 +54,6 @@ def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source
 def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
     """The runner for the model's device; on CUDA the KV cache is sized from free memory."""
     if loaded.device.type == "cuda":
-        if config.cache.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype={config.cache.kv_cache_dtype!r} runs on the CPU path only for now: "
-                             "the CUDA attention kernels read the cache in the model's dtype")
         from inference.cuda_runner import CudaModelRunner, size_kv_cache
         torch.cuda.set_device(loaded.device)     # cuda:N: kernels launch on the current device
         num_blocks = size_kv_cache(loaded, config.cache, config.scheduler)

@@ -61,15 +61,15 @@ def _decode_split_kernel(
         n_mask = n < end
         blk = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         off = blk * stride_cb + (n % BLOCK_SIZE) * stride_cs + kvh * stride_ch   # [BLOCK_N]
-        k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
+        k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0).to(q.dtype)
         s = dot(q, tl.trans(k), DOT_FP32) * scale_log2e                           # [G_PAD, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_FP32)
+        v = tl.load(V_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + dot(p.to(q.dtype), v, DOT_FP32)
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -176,8 +176,8 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     for b in range(batch):
         ctx = int(context_lens[b])
         blocks = block_tables[b, :math.ceil(ctx / block_size)].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()   # [ctx, Hkv, D]
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
+        k = k_cache.float()[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]   # [ctx, Hkv, D]
+        v = v_cache.float()[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # [ctx, H, D]
         scores = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
         out[b] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)

@@ -8,7 +8,8 @@ Per layer, one tensor for K and one for V, contiguous:
     token t:  k[t] (Hkv x D)  --slot_mapping[t]-->  k_cache.view(-1, Hkv, D)[slot]
               slot < 0 marks a padding token (e.g. a CUDA-graph batch padded up): nothing written.
 
-Values are cast to the cache dtype.
+Values are cast to the cache dtype; a float8 e4m3 cache saturates at +-448 (e4m3 has no inf)
+rather than turning out-of-range values into NaN.
 """
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
+FP8_MAX = tl.constexpr(torch.finfo(torch.float8_e4m3fn).max)     # 448
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CACHE_DTYPES = _DTYPES + (torch.float8_e4m3fn,)
 ELEMENTS_PER_PROGRAM = 2048     # heads per program = this // D (rounded to a power of two)
 
 
@@ -35,6 +39,7 @@ def _write_kv_cache_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,      # next_power_of_2(D)
     HEADS_PER_PROGRAM: tl.constexpr,
+    FP8: tl.constexpr,          # the cache is float8 e4m3: saturate first
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token)                           # int64 scalar
@@ -48,8 +53,12 @@ def _write_kv_cache_kernel(
     cache_offsets = slot * (HKV * D) + heads[:, None] * D + d[None, :]  # [HPP, BLOCK_D]
 
     k = tl.load(k_ptr + token * k_token_stride + heads[:, None] * k_head_stride + d[None, :], mask=mask)
-    tl.store(k_cache_ptr + cache_offsets, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + token * v_token_stride + heads[:, None] * v_head_stride + d[None, :], mask=mask)
+    if FP8:
+        # via fp32: the CPU interpreter converts bf16 -> fp8 wrongly
+        k = tl.clamp(k.to(tl.float32), -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32), -FP8_MAX, FP8_MAX)
+    tl.store(k_cache_ptr + cache_offsets, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + cache_offsets, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
@@ -59,8 +68,12 @@ def write_kv_cache_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Te
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    k_cache.view(-1, hkv, d)[slots] = k[valid].to(k_cache.dtype)
-    v_cache.view(-1, hkv, d)[slots] = v[valid].to(v_cache.dtype)
+    k, v = k[valid], v[valid]
+    if k_cache.dtype == torch.float8_e4m3fn:
+        limit = torch.finfo(k_cache.dtype).max
+        k, v = k.float().clamp(-limit, limit), v.float().clamp(-limit, limit)
+    k_cache.view(-1, hkv, d)[slots] = k.to(k_cache.dtype)
+    v_cache.view(-1, hkv, d)[slots] = v.to(v_cache.dtype)
 
 
 def _check(cond: bool, message: str) -> None:
@@ -86,8 +99,8 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
            f"cache heads/head_dim {list(k_cache.shape[2:])} must match k's {[num_kv_heads, head_dim]}")
     _check(k.dtype in _DTYPES and v.dtype == k.dtype,
            f"k and v must share a dtype in {_DTYPES}, got {k.dtype} and {v.dtype}")
-    _check(k_cache.dtype in _DTYPES and v_cache.dtype == k_cache.dtype,
-           f"k_cache and v_cache must share a dtype in {_DTYPES}, got {k_cache.dtype} and {v_cache.dtype}")
+    _check(k_cache.dtype in _CACHE_DTYPES and v_cache.dtype == k_cache.dtype,
+           f"k_cache and v_cache must share a dtype in {_CACHE_DTYPES}, got {k_cache.dtype} and {v_cache.dtype}")
     _check(k.stride(2) == 1 and v.stride(2) == 1,
            f"k and v last dim must be contiguous, got strides {k.stride()} and {v.stride()}")
     _check(k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache and v_cache must be contiguous")
@@ -105,5 +118,6 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     _write_kv_cache_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HKV=num_kv_heads, D=head_dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=heads_per_program, num_warps=4,
+        HKV=num_kv_heads, D=head_dim, BLOCK_D=block_d, HEADS_PER_PROGRAM=heads_per_program,
+        FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4,
     )

@@ -56,7 +56,7 @@ def _attend(acc, l_i, m_i, q, K, V, table, kvh, q_pos, n_start, n_end, row_base,
             k = tl.load(K + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
         else:
             k = tl.load(K + off[:, None] + d[None, :])                     # [BLOCK_N, D]
-        s = dot(q, tl.trans(k), DOT_FP32)                                  # [BLOCK_M, BLOCK_N]
+        s = dot(q, tl.trans(k.to(q.dtype)), DOT_FP32)                      # (a float8 cache upcasts)                                  # [BLOCK_M, BLOCK_N]
         if MASKED:
             s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
@@ -67,7 +67,7 @@ def _attend(acc, l_i, m_i, q, K, V, table, kvh, q_pos, n_start, n_end, row_base,
             v = tl.load(V + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0)
         else:
             v = tl.load(V + off[:, None] + d[None, :])
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_FP32)
+        acc = acc * alpha[:, None] + dot(p.to(q.dtype), v.to(q.dtype), DOT_FP32)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -273,8 +273,8 @@ def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         s, e, ctx = int(query_start[i]), int(query_start[i + 1]), int(context_lens[i])
         n = e - s
         blocks = block_tables[i, :math.ceil(ctx / block_size)].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx].float()
+        k = k_cache.float()[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
+        v = v_cache.float()[blocks].reshape(-1, num_kv_heads, head_dim)[:ctx]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # [ctx, H, D]
         scores = torch.einsum("thd,nhd->htn", q[s:e].float(), k) * scale             # [H, n, ctx]
         q_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]

@@ -10,7 +10,8 @@ x_tile @ (q - z)^T * s = (x_tile @ q^T - sum_k(x_tile) * z) * s, one tensor-core
 codes (0..255 are exact in bf16/fp16) and a rank-1 correction. 4-bit tiles multiply the even
 and the odd columns of x by the two nibbles. Skinny (decode) shapes split K across programs
 (SPLIT_K) and add their partial sums atomically into an fp32 output. From DEQUANT_MIN_ROWS rows
-the weight is dequantized in one pass and multiplied by cuBLAS instead.
+the weight is dequantized in one pass and multiplied by cuBLAS instead; up to GEMV_MAX_ROWS
+rows (batch-1 decode) a CUDA-core GEMV streams the codes instead (kernels/quant_gemv.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.quant_gemv import GEMV_MAX_ROWS, quant_gemv
 from kernels.triton_utils import dot, dot_fp32
 
 # From this many rows (prefill) the fused kernel loses to dequantize + cuBLAS (H200: int4 at
@@ -147,6 +149,8 @@ def quant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if scales.shape != (n, num_groups) or zeros.shape != scales.shape or scales.dtype != torch.float32:
         raise ValueError(f"quant_matmul: scales/zeros must be fp32 [{n}, {num_groups}], got "
                          f"{tuple(scales.shape)} {scales.dtype} / {tuple(zeros.shape)}")
+    if m <= GEMV_MAX_ROWS and tiles is None:
+        return quant_gemv(x, qweight, scales, zeros, bits, group_len if group_len < k else k)
     if m >= DEQUANT_MIN_ROWS and tiles is None:
         # compute-bound: one pass to bf16 weights, then the vendor GEMM (vLLM's AWQ does the same)
         w = dequantize_weight(qweight, scales, zeros, bits, group_len, k, x.dtype)

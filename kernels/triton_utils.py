@@ -27,7 +27,7 @@ def dot_fp32(t: torch.Tensor) -> bool:
 def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tensor,
                                  v_cache: torch.Tensor) -> tuple[int, int, int, int]:
     """Shared checks of the attention wrappers: q [T, H, D] (last dim contiguous) and equal paged
-    caches [NB, BS, Hkv, D] of q's dtype. Returns (num_heads, head_dim, block_size, num_kv_heads)."""
+    caches [NB, BS, Hkv, D] of q's dtype, or float8 e4m3 (upcast to q's dtype as tiles load). Returns (num_heads, head_dim, block_size, num_kv_heads)."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"{name}: want q [T, H, D] and equal caches [NB, BS, Hkv, D]; got "
                          f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
@@ -40,6 +40,7 @@ def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tens
         raise ValueError(f"{name}: head_dim must be a power of two >= 16, got {head_dim}")
     if q.stride(2) != 1 or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
         raise ValueError(f"{name}: q and the caches need a contiguous last dim and equal cache strides")
-    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"{name}: dtypes differ: q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
+    if (q.dtype != k_cache.dtype and k_cache.dtype != torch.float8_e4m3fn) or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"{name}: the caches must be in q's dtype or float8_e4m3fn; "
+                         f"got q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
     return num_heads, head_dim, block_size, num_kv_heads

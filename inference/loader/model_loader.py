@@ -153,6 +153,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
     elif config.quantization == "fp8":
         from inference.quantization.fp8 import fp8_quantize_model
         fp8_quantize_model(model)
+    elif config.quantization == "sparse24":                 # experimental: magnitude 2:4 pruning
+        from inference.quantization.sparsity import sparsify_model
+        sparsify_model(model)
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     if device.type == "cuda":

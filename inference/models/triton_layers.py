@@ -73,10 +73,13 @@ class TritonPagedAttention(PagedAttention):
             decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                              self.scale, num_splits=meta.num_splits, out=out[:nd])
         if meta.max_query_len:
-            # the chunks' own K/V come straight from k/v (views of the qkv output), not the cache
+            # the chunks' own K/V come straight from k/v (views of the qkv output), not the cache;
+            # a float8 cache is read back instead, so a prompt sees the same K/V its decodes will
+            # (as the reference path and vLLM's fp8 KV do)
+            own = k_cache.dtype == k.dtype
             prefill_attention(q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start,
                               meta.prefill_context_lens, meta.max_query_len, self.scale, out=out[nd:],
-                              k_new=k[nd:], v_new=v[nd:])
+                              k_new=k[nd:] if own else None, v_new=v[nd:] if own else None)
         return out
 
 

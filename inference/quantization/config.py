@@ -7,8 +7,8 @@ touched, and mapped to and from the `quantization_config` of a Hugging Face chec
     awq     4     128                 yes          AWQ scales    AWQ GEMM layout (`quant_method: awq`)
 
 `LLM(quantization=...)` also takes the shorthands "int8" (rtn, 8 bits, per output channel,
-symmetric) and "int4" (rtn, 4 bits, group 128, asymmetric), and "fp8" (fp8.py: e4m3 weights and
-activations, not an integer format).
+symmetric) and "int4" (rtn, 4 bits, group 128, asymmetric), "fp8" (fp8.py: e4m3 weights and
+activations, not an integer format) and the experimental "sparse24" (sparsity.py: 2:4 pruning).
 """
 from __future__ import annotations
 

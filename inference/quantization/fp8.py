@@ -8,7 +8,7 @@ forward scales every input row (token) by its own max |x| into e4m3 and multipli
 
 That is what Hopper's FP8 tensor cores do natively (twice bf16's rate). GPUs before compute
 capability 8.9 have no FP8 matmul: asking for fp8 there is an error before any weight is
-touched. On the CPU, PyTorch's reference `_scaled_mm` runs the same arithmetic (for quality).
+touched. On the CPU the same arithmetic runs in fp32 (for quality).
 """
 from __future__ import annotations
 
@@ -51,9 +51,13 @@ class Fp8Linear(nn.Module):
         if rows.is_cuda and m % 16:                  # cuBLASLt's FP8 GEMM wants 16-aligned dims
             rows = F.pad(rows, (0, 0, 0, 16 - m % 16))
         x8, x_scale = to_e4m3(rows, dim=1)                                  # [M, K], [M, 1]
-        out_dtype = x.dtype if x.dtype != torch.float32 or not rows.is_cuda else torch.bfloat16
-        y = torch._scaled_mm(x8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
-                             out_dtype=out_dtype)[:m].to(x.dtype)
+        if rows.is_cuda:
+            out_dtype = x.dtype if x.dtype != torch.float32 else torch.bfloat16
+            y = torch._scaled_mm(x8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
+                                 out_dtype=out_dtype)[:m].to(x.dtype)
+        else:
+            # the same arithmetic in fp32 (PyTorch before 2.12 has no row-wise CPU _scaled_mm)
+            y = ((x8.float() @ self.weight_fp8.float().t()) * x_scale * self.weight_scale).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)

@@ -32,12 +32,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def make_cache(total_tokens_per_seq: list[int], block_size: int, hkv: int, d: int, dtype, gen):
-    """Random K/V cache with each sequence's blocks drawn from a shuffled pool (+ spare blocks)."""
+def make_cache(total_tokens_per_seq: list[int], block_size: int, hkv: int, d: int, dtype, gen, cache_dtype=None):
+    """Random K/V cache with each sequence's blocks drawn from a shuffled pool (+ spare blocks);
+    in cache_dtype (e.g. float8 e4m3) when given, else in dtype."""
     need = [math.ceil(n / block_size) for n in total_tokens_per_seq]
     num_blocks = sum(need) + 3
-    k = torch.randn(num_blocks, block_size, hkv, d, generator=gen, device=DEVICE).to(dtype)
-    v = torch.randn(num_blocks, block_size, hkv, d, generator=gen, device=DEVICE).to(dtype)
+    k = torch.randn(num_blocks, block_size, hkv, d, generator=gen, device=DEVICE).to(cache_dtype or dtype)
+    v = torch.randn(num_blocks, block_size, hkv, d, generator=gen, device=DEVICE).to(cache_dtype or dtype)
     perm = torch.randperm(num_blocks, generator=gen, device=DEVICE).to(torch.int32)
     width = max(need)
     tables = torch.zeros(len(need), width + 2, dtype=torch.int32, device=DEVICE)  # spare columns
@@ -54,9 +55,9 @@ def strided_q(num_tokens: int, num_heads: int, hkv: int, d: int, dtype, gen) -> 
     return qkv[:, :num_heads * d].view(num_tokens, num_heads, d)
 
 
-def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed, block_n=64):
+def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed, block_n=64, cache_dtype=None):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    k, v, tables = make_cache(ctx_lens, block_size, hkv, d, dtype, gen)
+    k, v, tables = make_cache(ctx_lens, block_size, hkv, d, dtype, gen, cache_dtype)
     q = strided_q(len(ctx_lens), num_heads, hkv, d, dtype, gen)
     lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE)
     out = torch.full((len(ctx_lens), num_heads, d), float("nan"), dtype=dtype, device=DEVICE)
@@ -66,31 +67,31 @@ def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed,
     return rel_err(out, ref)
 
 
-def new_kv_rows(k, v, tables, chunks, num_heads, hkv, d):
-    """The chunks' own K/V as the engine hands them over: strided views of one fused qkv buffer,
-    row for row with q, holding what the cache holds at the chunk's positions."""
+def new_kv_rows(k, v, tables, chunks, num_heads, hkv, d, dtype):
+    """The chunks' own K/V as the engine hands them over: strided views of one fused qkv buffer
+    (in dtype), row for row with q, holding what the cache holds at the chunk's positions."""
     block_size = k.shape[1]
     rows = []
     for i, (p, n) in enumerate(chunks):
         pos = torch.arange(p, p + n, device=k.device)
         rows.append(tables[i, pos // block_size].long() * block_size + pos % block_size)
     slots = torch.cat(rows)
-    qkv = torch.full((slots.numel(), (num_heads + 2 * hkv) * d), float("nan"), dtype=k.dtype, device=k.device)
+    qkv = torch.full((slots.numel(), (num_heads + 2 * hkv) * d), float("nan"), dtype=dtype, device=k.device)
     k_new = qkv[:, num_heads * d:(num_heads + hkv) * d].view(-1, hkv, d)
     v_new = qkv[:, (num_heads + hkv) * d:].view(-1, hkv, d)
-    k_new.copy_(k.view(-1, hkv, d)[slots])
-    v_new.copy_(v.view(-1, hkv, d)[slots])
+    k_new.copy_(k.float().view(-1, hkv, d)[slots])
+    v_new.copy_(v.float().view(-1, hkv, d)[slots])
     return k_new, v_new
 
 
 def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=64, block_n=64, new_kv=True,
-                tma=False):
+                tma=False, cache_dtype=None):
     """chunks: [(cached_prefix_len, query_len)]; new_kv: the chunks' K/V also passed as k_new/v_new
     (the engine's path), else read from the cache only; tma: the new K/V through TMA descriptors
     instead of pointer loads."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     ctx = [p + n for p, n in chunks]
-    k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen)
+    k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen, cache_dtype)
     starts = [0]
     for _, n in chunks:
         starts.append(starts[-1] + n)
@@ -99,7 +100,7 @@ def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=64, 
     qs = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
     scale = d ** -0.5
-    k_new, v_new = new_kv_rows(k, v, tables, chunks, num_heads, hkv, d) if new_kv else (None, None)
+    k_new, v_new = new_kv_rows(k, v, tables, chunks, num_heads, hkv, d, dtype) if new_kv else (None, None)
     prefill_attention(q, k, v, tables, qs, lens, max(n for _, n in chunks), scale, out=out,
                       k_new=k_new, v_new=v_new, block_m=block_m, block_n=block_n, num_warps=4, tma=tma)
     ref = prefill_attention_reference(q, k, v, tables, qs, lens, scale)
@@ -177,7 +178,7 @@ def test_bad_inputs_are_value_errors():
         decode_attention(torch.randn(2, 4, 16), k, k, tables, lens, 1.0)
     with pytest.raises(ValueError, match="KV heads"):
         decode_attention(torch.randn(2, 3, 32), k, k, tables, lens, 1.0)
-    with pytest.raises(ValueError, match="dtypes"):
+    with pytest.raises(ValueError, match="caches must be in q.s dtype"):
         decode_attention(q.bfloat16(), k, k, tables, lens, 1.0)
     with pytest.raises(ValueError, match="num_splits"):
         decode_attention(q, k, k, tables, lens, 1.0, num_splits=0)
@@ -192,6 +193,23 @@ def test_bad_inputs_are_value_errors():
         prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, block_m=32, block_n=64)
 
 
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("num_heads,hkv", [(4, 4), (8, 2)])
+def test_decode_fp8_cache(num_heads, hkv):
+    # the cache in e4m3, read back as bf16 tile by tile; the reference reads the same bytes in fp32
+    assert run_decode([1, 17, 40], num_heads, hkv, 32, 16, torch.bfloat16, 2, seed=hkv, block_n=16,
+                      cache_dtype=FP8) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("new_kv", [True, False])
+def test_prefill_fp8_cache(new_kv):
+    # a cached prefix in e4m3 and the chunk's own K/V from the bf16 qkv rows
+    assert run_prefill([(20, 13), (0, 9)], 4, 2, 32, 16, torch.bfloat16, seed=3, block_m=16, block_n=16,
+                       new_kv=new_kv, cache_dtype=FP8) < TOL[torch.bfloat16]
+
+
 # ---- real shapes: GPU only ------------------------------------------------------------------
 
 @gpu_only
@@ -204,6 +222,17 @@ def test_decode_real_shapes(d, num_heads, hkv, block_size):
     ctx = [1, 7, 4099] + torch.randint(1, 3000, (13,), generator=gen).tolist()
     for splits in (1, choose_num_splits(len(ctx), hkv, max(ctx), 132)):
         assert run_decode(ctx, num_heads, hkv, d, block_size, torch.bfloat16, splits, seed=splits + d) < 1.5e-2
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads,hkv", [(32, 32), (32, 8)])
+def test_fp8_cache_real_shapes(num_heads, hkv):
+    ctx = [1, 4099, 777, 16384]
+    splits = choose_num_splits(len(ctx), hkv, max(ctx), 132)
+    assert run_decode(ctx, num_heads, hkv, 128, 16, torch.bfloat16, splits, seed=hkv, cache_dtype=FP8) < 1.5e-2
+    chunks = [(0, 777), (1000, 255), (4095, 1)]
+    assert run_prefill(chunks, num_heads, hkv, 128, 16, torch.bfloat16, seed=hkv, cache_dtype=FP8) < 1.5e-2
 
 
 @gpu_only

@@ -283,6 +283,43 @@ def test_write_kv_cache_real_size(num_tokens, num_padding, block_size, dtype):
                     num_padding=num_padding)
 
 
+def _check_write_kv_fp8(num_tokens, num_kv_heads, head_dim, block_size, dtype, seed):
+    """Into a float8 e4m3 cache: bytes equal to PyTorch's cast after saturation at +-448.
+
+    Under the interpreter the inputs lie on the e4m3 grid (its fp32 -> fp8 rounding is wrong next
+    to powers of two); on the GPU they are arbitrary, so the cast's rounding is checked too."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    shape = (num_tokens, num_kv_heads, head_dim)
+    if INTERPRETED:
+        k, v = (torch.randint(0, 256, shape, generator=gen, device=DEVICE, dtype=torch.uint8)
+                .view(torch.float8_e4m3fn).float().nan_to_num(0.0).to(dtype) for _ in range(2))
+    else:
+        k, v = ((torch.randn(shape, generator=gen, device=DEVICE) * 60).to(dtype) for _ in range(2))
+    k.view(-1)[:3] = torch.tensor([1000.0, -1e4, 448.0], dtype=dtype)        # saturate, not NaN
+    num_blocks = -(-num_tokens // block_size) + 2
+    slot_mapping = torch.randperm(num_blocks * block_size, generator=gen, device=DEVICE)[:num_tokens]
+    slot_mapping[1::5] = -1                                                      # padding rows
+    caches = [torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float8_e4m3fn, device=DEVICE)
+              for _ in range(4)]
+    write_kv_cache(k, v, caches[0], caches[1], slot_mapping)
+    write_kv_cache_reference(k, v, caches[2], caches[3], slot_mapping)
+    for out, ref in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    flat = caches[0].view(-1, num_kv_heads, head_dim)
+    assert flat[slot_mapping[0], 0, :3].float().tolist() == [448.0, -448.0, 448.0]
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_write_kv_cache_fp8(dtype):
+    _check_write_kv_fp8(9, 2, 32, 4, dtype, seed=1)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_write_kv_cache_fp8_real_size():
+    _check_write_kv_fp8(4096, 8, 128, 16, BF16, seed=2)
+
+
 # --- Bad inputs ----------------------------------------------------------------------------------
 
 def _t(*shape, dtype=BF16):

@@ -10,6 +10,7 @@ import torch
 
 from inference.quantization.config import QuantConfig
 from inference.quantization.int_quant import pack_int4, quantize_rtn
+from kernels.quant_gemv import GEMV_MAX_ROWS, quant_gemv
 from kernels.quant_matmul import choose_tiles, quant_matmul, quant_matmul_reference
 
 CUDA = torch.cuda.is_available()
@@ -79,3 +80,44 @@ def test_real_shapes(bits, m, n, k):
 def test_large_m_dequantize_path(bits, group):
     from kernels.quant_matmul import DEQUANT_MIN_ROWS
     assert case(DEQUANT_MIN_ROWS + 3, 24, 192, bits, group, torch.float32, seed=bits + 50) < TOL[torch.float32]
+
+
+def gemv_case(m, n, k, bits, group, dtype, seed, tiles):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    w = torch.randn(n, k, generator=gen, device=DEVICE) * 0.05
+    cfg = QuantConfig("rtn", bits, group)
+    codes, scales, zeros = quantize_rtn(w, cfg)
+    qweight = pack_int4(codes) if bits == 4 else codes
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
+    out = quant_gemv(x, qweight, scales, zeros, bits, cfg.group_len(k), tiles=tiles)
+    ref = quant_matmul_reference(x, codes, scales, zeros, cfg.group_len(k))
+    assert out.shape == (m, n) and out.dtype == dtype and not out.isnan().any()
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m,n,k,group,tiles", [
+    (1, 40, 128, 32, (16, 64)),         # two groups per slab, ragged N
+    (3, 24, 96, 32, (16, 64)),          # K tail: the last slab half empty
+    (2, 16, 176, 32, (8, 32)),          # short last group (K = 5.5 groups)
+    (1, 20, 160, 64, (16, 32)),         # slabs shorter than a group
+    (2, 24, 200, -1, (16, 64)),         # per channel, K not a power of two
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv(bits, m, n, k, group, tiles, dtype):
+    assert gemv_case(m, n, k, bits, group, dtype, seed=m + n + k + bits, tiles=tiles) < TOL[dtype]
+
+
+def test_few_rows_take_the_gemv():
+    # the dispatcher: quant_matmul's default for M <= GEMV_MAX_ROWS is the GEMV, same result
+    assert case(GEMV_MAX_ROWS, 48, 256, 4, 128, torch.float32, seed=11) < TOL[torch.float32]
+    assert case(1, 48, 200, 8, -1, torch.float32, seed=12) < TOL[torch.float32]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group", [(4, 128), (4, 32), (8, -1)])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (22016, 4096), (4096, 11008)])
+def test_gemv_real_shapes(bits, group, m, n, k):
+    assert gemv_case(m, n, k, bits, group, torch.bfloat16, seed=m + n + k + bits, tiles=None) < TOL[torch.bfloat16]

@@ -101,6 +101,9 @@ def test_awq_search_beats_rtn_with_salient_channels():
 @pytest.mark.parametrize("bits,group", [(4, 32), (8, -1)])
 def test_quant_linear_kernel_path_matches_dequantize_path(bits, group):
     from inference.quantization.quant_linear import QuantLinear
+    # the kernel on CPU tensors (interpreter) vs the dequantize path; on a GPU, CUDA tensors vs
+    # the same layer's dequantize path on the CPU
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(bits)
     w, bias = torch.randn(40, 96, generator=gen) * 0.1, torch.randn(40, generator=gen)
     cfg = QuantConfig("rtn", bits, group, symmetric=bits == 8)
@@ -108,7 +111,7 @@ def test_quant_linear_kernel_path_matches_dequantize_path(bits, group):
     x = torch.randn(3, 5, 96, generator=gen)
     want = layer(x)
     layer.use_kernel = True
-    got = layer(x)
+    got = layer.to(device)(x.to(device)).cpu()
     assert got.shape == (3, 5, 40)
     assert torch.allclose(got, want, atol=1e-4), float((got - want).abs().max())
 

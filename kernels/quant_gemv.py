@@ -1,0 +1,98 @@
+"""Weight-only quantized matrix-vector product for decode (a few rows): W8A16 / W4A16 on CUDA cores.
+
+Same formats as kernels/quant_matmul.py (codes uint8 [N, K] or nibble-packed [N, K / 2], fp32
+scales / zeros [N, G]). At batch 1 a tensor-core tile of 16 rows wastes 15/16 of its work and
+the kernel is bound by how fast the codes stream in, so this one takes one activation row per
+program and a [BLOCK_N, BLOCK_K] slab of codes per step, with no split-K (no atomics, no fp32
+output to zero and cast):
+
+    grid (M, cdiv(N, BLOCK_N))       the M programs of one row block run side by side, so the
+                                     codes come from DRAM once and from L2 for the other rows
+
+    slab [BLOCK_N, BLOCK_K] = GROUPS_PER_TILE groups of GROUP_TILE columns:
+      part[n, g] = sum_k x[k] * q[n, k]             (per group, in fp32)
+      acc[n]    += sum_g s[n, g] * (part[n, g] - z[n, g] * sum_k x[k])
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Up to this many rows the GEMV beats the tensor-core kernel (H200, bench/quant_gpu.py --sections
+# gemv: int8 qkv at 2 rows 29 vs 47 us, at 4 rows 53 vs 48 us). Each row re-reads the codes, so
+# only one row runs at the codes' full rate: 1.3-1.5x bf16 cuBLAS at int8.
+GEMV_MAX_ROWS = 2
+
+
+@triton.jit
+def _quant_gemv_kernel(
+    X, QW, S, Z, OUT, N, K, group_len, num_groups,
+    stride_xm, stride_qn, stride_sn, stride_om,
+    BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_TILE: tl.constexpr,
+):
+    GROUPS_PER_TILE: tl.constexpr = BLOCK_K // GROUP_TILE
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    x_row = X + m * stride_xm
+    q_rows = QW + rn.to(tl.int64)[:, None] * stride_qn                       # [BLOCK_N, 1]
+    # Tried on the H200 (bench/NOTES.md runs 17-18): an element-wise accumulator summed once after
+    # the loop (holds BLOCK_N x BLOCK_K fp32 and spills: 2x slower) and int-to-float replaced by
+    # the 2^23 mantissa trick (3-7% slower). Each slab's products are summed as it arrives.
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        g = (k0 + tl.arange(0, GROUPS_PER_TILE) * GROUP_TILE) // group_len  # [GPT] the slab's groups
+        gn_mask = n_mask[:, None] & (g < num_groups)[None, :]
+        s = tl.load(S + rn[:, None] * stride_sn + g[None, :], mask=gn_mask, other=0.0)   # [BLOCK_N, GPT]
+        z = tl.load(Z + rn[:, None] * stride_sn + g[None, :], mask=gn_mask, other=0.0)
+        if BITS == 8:
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = rk < K
+            x = tl.load(x_row + rk, mask=k_mask, other=0.0).to(tl.float32)                 # [BLOCK_K]
+            q = tl.load(q_rows + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
+            prod = q.to(tl.float32) * x[None, :]                                      # [BLOCK_N, BLOCK_K]
+            part = tl.sum(tl.reshape(prod, [BLOCK_N, GROUPS_PER_TILE, GROUP_TILE]), 2)
+            x_sum = tl.sum(tl.reshape(x, [GROUPS_PER_TILE, GROUP_TILE]), 1)                # [GPT]
+        else:
+            j = tl.arange(0, BLOCK_K // 2)
+            ke = k0 + 2 * j                                                # the slab's even columns
+            k_mask = ke < K
+            x_even = tl.load(x_row + ke, mask=k_mask, other=0.0).to(tl.float32)             # [BLOCK_K / 2]
+            x_odd = tl.load(x_row + ke + 1, mask=k_mask, other=0.0).to(tl.float32)
+            qb = tl.load(q_rows + (k0 // 2 + j)[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
+            prod = (qb & 0xF).to(tl.float32) * x_even[None, :] + (qb >> 4).to(tl.float32) * x_odd[None, :]
+            part = tl.sum(tl.reshape(prod, [BLOCK_N, GROUPS_PER_TILE, GROUP_TILE // 2]), 2)
+            x_sum = tl.sum(tl.reshape(x_even + x_odd, [GROUPS_PER_TILE, GROUP_TILE // 2]), 1)
+        acc += tl.sum(s * (part - z * x_sum[None, :]), 1)
+    tl.store(OUT + m * stride_om + rn, acc.to(OUT.dtype.element_ty), mask=n_mask)
+
+
+def choose_gemv_tiles(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps), from the H200 sweep at M=1 (bench/results/quant_gpu.json):
+    the longest K slab, 8 rows with 4 warps on the 4096-row shapes, 16 with 2 on the wide ones."""
+    block_k = min(1024, triton.next_power_of_2(k))
+    return (8, block_k, 4) if n <= 4096 else (16, block_k, 2)
+
+
+def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+               group_len: int, tiles: tuple[int, int] | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """x [M, K] (few rows, last dim contiguous) -> y [M, N] in x's dtype. Inputs are checked by
+    quant_matmul, which dispatches here; group_len is K for per-channel scales."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    block_n, block_k, default_warps = choose_gemv_tiles(n, k)
+    if tiles is not None:
+        block_n, block_k = tiles
+    per_channel = group_len >= k                 # one group: every slab lies in it
+    group_tile = block_k if per_channel else min(group_len, block_k)
+    if not per_channel and (block_k % group_tile or group_len % group_tile):
+        raise ValueError(f"quant_gemv: BLOCK_K {block_k} and the group length {group_len} must nest")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (m, triton.cdiv(n, block_n))
+    _quant_gemv_kernel[grid](
+        x, qweight, scales, zeros, out, n, k, group_len, scales.shape[1],
+        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_TILE=group_tile,
+        num_warps=num_warps or default_warps)
+    return out
