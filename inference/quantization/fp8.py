@@ -13,10 +13,9 @@ touched. On the CPU the same arithmetic runs in fp32 (for quality).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-E4M3_MAX = 448.0
+from kernels.fp8_quant import per_token_fp8, per_token_fp8_reference
 
 
 def check_fp8_supported(device: torch.device, capability: tuple[int, int] | None = None) -> None:
@@ -30,17 +29,11 @@ def check_fp8_supported(device: torch.device, capability: tuple[int, int] | None
                          f"{name} is {major}.{minor}. Use quantization='int8' instead")
 
 
-def to_e4m3(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x scaled along `dim` by max|x| / 448 into e4m3, and the fp32 scales (keepdim)."""
-    scale = (x.abs().amax(dim=dim, keepdim=True).float() / E4M3_MAX).clamp(min=1e-12)
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
-
-
 class Fp8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        w8, w_scale = to_e4m3(linear.weight.detach(), dim=1)                # [N, K], [N, 1]
+        w8, w_scale = per_token_fp8_reference(linear.weight.detach())       # [N, K], [N, 1]: per channel
         self.register_buffer("weight_fp8", w8)
         self.register_buffer("weight_scale", w_scale.t().contiguous())      # [1, N]
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
@@ -48,15 +41,16 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         m = rows.shape[0]
-        if rows.is_cuda and m % 16:                  # cuBLASLt's FP8 GEMM wants 16-aligned dims
-            rows = F.pad(rows, (0, 0, 0, 16 - m % 16))
-        x8, x_scale = to_e4m3(rows, dim=1)                                  # [M, K], [M, 1]
         if rows.is_cuda:
+            # one Triton kernel: per-token scales, e4m3 codes, rows zero-padded to the multiple
+            # of 16 that cuBLASLt's FP8 GEMM wants
+            x8, x_scale = per_token_fp8(rows.contiguous())                  # [M_pad, K], [M_pad, 1]
             out_dtype = x.dtype if x.dtype != torch.float32 else torch.bfloat16
             y = torch._scaled_mm(x8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale,
                                  out_dtype=out_dtype)[:m].to(x.dtype)
         else:
             # the same arithmetic in fp32 (PyTorch before 2.12 has no row-wise CPU _scaled_mm)
+            x8, x_scale = per_token_fp8_reference(rows)                     # [M, K], [M, 1]
             y = ((x8.float() @ self.weight_fp8.float().t()) * x_scale * self.weight_scale).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
