@@ -42,7 +42,8 @@ VARIANTS = {                                     # name -> QuantConfig
     "2:4 sparse magnitude": "sparse24",          # inference/quantization/sparsity.py (experimental)
     "2:4 sparse wanda": "sparse24-wanda",        # scores |w| * ||x|| over the calibration windows
 }
-KV_VARIANTS = {"fp8_e4m3 KV cache": torch.float8_e4m3fn}     # unquantized weights, quantized KV
+KV_VARIANTS = {"fp8_e4m3 KV cache": torch.float8_e4m3fn,    # unquantized weights, quantized KV
+               "int8 KV cache": torch.int8}                  # per (token, head) scales
 TARGETS = {"int8_delta_ppl_pct": 0.5, "int4_calibrated_delta_ppl_pct": 5.0}   # the issue's; none for KV
 
 
@@ -86,8 +87,10 @@ def main() -> None:
         if name in KV_VARIANTS:
             t0 = time.perf_counter()
             m, _ = evaluate(base.model, evals, ref, KV_VARIANTS[name])
+            head_dim = base.arch.head_dim
+            kv_bytes = 0.5 if KV_VARIANTS[name] == torch.float8_e4m3fn else (head_dim + 4) / (2 * head_dim)
             m.update(delta_ppl_pct=100 * (m["ppl"] / ref_metrics["ppl"] - 1), quantize_s=0.0, linear_bytes_vs_bf16=1.0,
-                     kv_bytes_vs_bf16=0.5)
+                     kv_bytes_vs_bf16=kv_bytes)
             rows[name] = m
             print(f"{name}: ppl {m['ppl']:.3f} ({m['delta_ppl_pct']:+.2f}%), KL {m['kl']:.4f}, top-1 "
                   f"{m['top1_agreement']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)

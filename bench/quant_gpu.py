@@ -146,9 +146,10 @@ def gemv_bench(bit_widths: list[int]) -> dict:
             nbytes = packs[0][0].numel() + 8 * packs[0][1].numel()
             xs = torch.randn(8, k, generator=gen, device="cuda", dtype=torch.bfloat16)
             best = None
-            for bn in (8, 16, 32):
-                for bk in (256, 512, 1024):
-                    for warps in (2, 4):
+            # int4 also tries slabs of one group (no in-slab group split) and taller slabs
+            for bn in (8, 16, 32) if bits == 8 else (8, 16, 32, 64):
+                for bk in (256, 512, 1024) if bits == 8 else (128, 256, 512, 1024):
+                    for warps in (2, 4) if bits == 8 else (2, 4, 8):
                         x = xs[:1]
                         try:
                             ref = torch.nn.functional.linear(x, packs[0][4]).float()

@@ -17,7 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--block-size", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int)
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="fp8_e4m3: half the KV bytes")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="fp8_e4m3: half the KV bytes; int8: per-row scales, CPU path")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)

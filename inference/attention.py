@@ -13,6 +13,13 @@ A step's tokens arrive as one flat varlen batch, decodes first:
 Every layer first writes the K/V of *all* the step's tokens into their slots, then attends; so a
 request may read blocks another request fills in the same step (prefix-cache hits on blocks
 being computed right now are safe).
+
+Quantized caches (`kv_cache_dtype`): float8 e4m3 stores the values (saturated at +-448, scale 1);
+int8 stores each (token, head) row symmetric with its own fp32 scale in the row's last 4 bytes,
+as GGUF's q8_0 blocks carry theirs, so a block stays one self-contained unit:
+
+    int8 row [D + 4] int8:   q_0 q_1 ... q_{D-1} | scale (fp32 bytes)      x ~= q * scale
+                             scale = max|x| / 127 over the row's D values
 """
 from __future__ import annotations
 
@@ -22,6 +29,25 @@ import torch
 import torch.nn.functional as F
 
 FP8_E4M3_MAX = 448.0
+INT8_SCALE_BYTES = 4                    # an fp32 scale at the end of every int8 (token, head) row
+
+
+def kv_row_width(head_dim: int, cache_dtype: torch.dtype) -> int:
+    """Elements per (token, head) row of the cache: head_dim, plus the scale's bytes for int8."""
+    return head_dim + INT8_SCALE_BYTES if cache_dtype == torch.int8 else head_dim
+
+
+def quantize_int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] -> int8 [..., D + 4]: symmetric codes, then the row's fp32 scale as 4 bytes."""
+    scale = (x.abs().amax(-1, keepdim=True).float() / 127.0).clamp(min=1e-8)         # [..., 1]
+    q = (x.float() / scale).round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.view(torch.int8)], dim=-1)
+
+
+def dequantize_int8_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 [..., D + 4] -> [..., D] in dtype."""
+    scale = rows[..., -INT8_SCALE_BYTES:].contiguous().view(torch.float32)           # [..., 1]
+    return (rows[..., :-INT8_SCALE_BYTES].float() * scale).to(dtype)
 
 
 @dataclass
@@ -53,6 +79,9 @@ def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.
     """
     b, nb = block_tables.shape
     _, block_size, hkv, d = cache.shape
+    if cache.dtype == torch.int8:
+        rows = cache.index_select(0, block_tables.reshape(-1))             # [B * nb, bs, Hkv, D + 4]
+        return dequantize_int8_rows(rows, dtype or torch.float32).view(b, nb * block_size, hkv, d - INT8_SCALE_BYTES)
     if cache.dtype == torch.float8_e4m3fn:      # no float8 index_select on the CPU: gather bytes
         raw = cache.view(torch.uint8).index_select(0, block_tables.reshape(-1))
         return raw.view(cache.dtype).view(b, nb * block_size, hkv, d).to(dtype or torch.float32)
@@ -71,6 +100,11 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
              slot_mapping: torch.Tensor) -> None:
     """k, v: [num_tokens, num_kv_heads, head_dim] -> their slots in the flat cache."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    if k_cache.dtype == torch.int8:
+        width = head_dim + INT8_SCALE_BYTES
+        k_cache.view(-1, num_kv_heads, width).index_copy_(0, slot_mapping, quantize_int8_rows(k))
+        v_cache.view(-1, num_kv_heads, width).index_copy_(0, slot_mapping, quantize_int8_rows(v))
+        return
     if k_cache.dtype == torch.float8_e4m3fn:
         # e4m3 has no inf: saturate instead of turning NaN; PyTorch's CPU index_copy_ has no
         # float8 kernel, so the bytes go through a uint8 view

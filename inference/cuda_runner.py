@@ -23,7 +23,14 @@ from inference.cuda_graphs import (
     mixed_shapes,
 )
 from inference.loader.model_loader import LoadedModel
-from inference.model_runner import ModelRunner, StepHandle, kv_bytes_per_block, kv_cache_dtype, num_kv_blocks
+from inference.model_runner import (
+    ModelRunner,
+    StepHandle,
+    kv_bytes_per_block,
+    kv_cache_dtype,
+    kv_cache_shape,
+    num_kv_blocks,
+)
 from inference.models.triton_layers import KernelAttentionMetadata
 from inference.sampler import SamplingRow, list_to_device, sample, sample_on_device
 from inference.sampling_params import SamplingParams
@@ -74,12 +81,10 @@ def size_kv_cache(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfi
 @torch.inference_mode()
 def _profile_run(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfig, device) -> None:
     """The largest step, on a throwaway KV cache just big enough for it."""
-    arch = loaded.arch
-    num_blocks = -(-sched.max_num_batched_tokens // cache.block_size)
-    shape = (num_blocks, cache.block_size, arch.num_key_value_heads, arch.head_dim)
+    shape = kv_cache_shape(loaded, cache, -(-sched.max_num_batched_tokens // cache.block_size))
     dtype = kv_cache_dtype(loaded, cache)
     kv = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-          for _ in range(arch.num_hidden_layers)]
+          for _ in range(loaded.arch.num_hidden_layers)]
     run_largest_step(loaded, sched, kv, write_kv=True)
 
 

@@ -15,6 +15,7 @@ from inference.attention import (
     AttentionMetadata,
     PrefillChunk,
     bottom_right_causal_mask,
+    kv_row_width,
 )
 from inference.config import CacheConfig, EngineConfig
 from inference.loader.model_loader import LoadedModel
@@ -26,13 +27,22 @@ CPU_KV_CACHE_BYTES = 1 << 30          # default KV cache on the CPU
 
 
 def kv_cache_dtype(loaded: LoadedModel, cache: CacheConfig) -> torch.dtype:
-    """What the cache stores: the model's dtype, or float8 e4m3 (read back in the model's dtype)."""
-    return torch.float8_e4m3fn if cache.kv_cache_dtype == "fp8_e4m3" else loaded.dtype
+    """What the cache stores: the model's dtype, float8 e4m3 or int8 rows with their scales (both
+    read back in the model's dtype; inference/attention.py)."""
+    return {"fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}.get(cache.kv_cache_dtype, loaded.dtype)
+
+
+def kv_cache_shape(loaded: LoadedModel, cache: CacheConfig, num_blocks: int) -> tuple[int, int, int, int]:
+    """One layer's K (or V) cache: [num_blocks, block_size, num_kv_heads, row width]."""
+    arch = loaded.arch
+    return (num_blocks, cache.block_size, arch.num_key_value_heads,
+            kv_row_width(arch.head_dim, kv_cache_dtype(loaded, cache)))
 
 
 def kv_bytes_per_block(loaded: LoadedModel, cache: CacheConfig) -> int:
     dtype_bytes = torch.tensor([], dtype=kv_cache_dtype(loaded, cache)).element_size()
-    return loaded.arch.kv_bytes_per_token(dtype_bytes) * cache.block_size
+    _, block_size, heads, width = kv_cache_shape(loaded, cache, 1)
+    return 2 * loaded.arch.num_hidden_layers * block_size * heads * width * dtype_bytes
 
 
 def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source: str) -> int:
@@ -54,6 +64,9 @@ def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source
 def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
     """The runner for the model's device; on CUDA the KV cache is sized from free memory."""
     if loaded.device.type == "cuda":
+        if config.cache.kv_cache_dtype == "int8":
+            raise ValueError("kv_cache_dtype='int8' runs on the CPU path only: the CUDA attention kernels read "
+                             "'auto' or 'fp8_e4m3' caches (fp8_e4m3 takes the same bytes per token)")
         from inference.cuda_runner import CudaModelRunner, size_kv_cache
         torch.cuda.set_device(loaded.device)     # cuda:N: kernels launch on the current device
         num_blocks = size_kv_cache(loaded, config.cache, config.scheduler)
@@ -97,8 +110,8 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.device = next(self.model.parameters()).device
         self.block_size = cache.block_size
-        shape = (num_blocks, cache.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        # per layer: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim]
+        shape = kv_cache_shape(loaded, cache, num_blocks)
+        # per layer: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim (+ 4 for int8)]
         cache_dtype = kv_cache_dtype(loaded, cache)
         self.kv_caches = [(torch.zeros(shape, dtype=cache_dtype, device=self.device),
                            torch.zeros(shape, dtype=cache_dtype, device=self.device))

@@ -37,7 +37,7 @@ def _per_token_fp8_kernel(X, Q, S, M, K, stride_xm, stride_qm, BLOCK_K: tl.const
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(row + k, mask=k < k_read, other=0.0).to(tl.float32)
-        q = tl.clamp(x / scale, -E4M3_MAX, E4M3_MAX)
+        q = tl.clamp(tl.math.div_rn(x, scale), -E4M3_MAX, E4M3_MAX)     # IEEE division, as PyTorch
         tl.store(out + k, q.to(Q.dtype.element_ty), mask=k < K)
     tl.store(S + m, tl.where(live, scale, 1.0))
 

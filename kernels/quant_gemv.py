@@ -6,8 +6,8 @@ the kernel is bound by how fast the codes stream in, so this one takes one activ
 program and a [BLOCK_N, BLOCK_K] slab of codes per step, with no split-K (no atomics, no fp32
 output to zero and cast):
 
-    grid (M, cdiv(N, BLOCK_N))       the M programs of one row block run side by side, so the
-                                     codes come from DRAM once and from L2 for the other rows
+    grid (M, cdiv(N, BLOCK_N))       each row streams the codes again, so only batch 1 runs at
+                                     their rate (GEMV_MAX_ROWS)
 
     slab [BLOCK_N, BLOCK_K] = GROUPS_PER_TILE groups of GROUP_TILE columns:
       part[n, g] = sum_k x[k] * q[n, k]             (per group, in fp32)
@@ -68,11 +68,14 @@ def _quant_gemv_kernel(
     tl.store(OUT + m * stride_om + rn, acc.to(OUT.dtype.element_ty), mask=n_mask)
 
 
-def choose_gemv_tiles(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps), from the H200 sweep at M=1 (bench/results/quant_gpu.json):
-    the longest K slab, 8 rows with 4 warps on the 4096-row shapes, 16 with 2 on the wide ones."""
+def choose_gemv_tiles(n: int, k: int, bits: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps), the leaders of the H200 sweeps at M=1 (bench/NOTES.md runs
+    16 and 19): int8 the longest K slab, 8 rows x 4 warps on the 4096-row shapes, 16 x 2 on the
+    wide ones; int4 16 rows, 512-column slabs on the wide shapes and 1024 with 8 warps on the rest."""
     block_k = min(1024, triton.next_power_of_2(k))
-    return (8, block_k, 4) if n <= 4096 else (16, block_k, 2)
+    if bits == 8:
+        return (8, block_k, 4) if n <= 4096 else (16, block_k, 2)
+    return (16, block_k, 8) if n <= 4096 else (16, min(512, block_k), 2 if n < 16384 else 4)
 
 
 def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
@@ -81,7 +84,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     quant_matmul, which dispatches here; group_len is K for per-channel scales."""
     m, k = x.shape
     n = qweight.shape[0]
-    block_n, block_k, default_warps = choose_gemv_tiles(n, k)
+    block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits)
     if tiles is not None:
         block_n, block_k = tiles
     per_channel = group_len >= k                 # one group: every slab lies in it

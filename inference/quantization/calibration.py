@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.attention import AttentionMetadata, PrefillChunk
+from inference.attention import AttentionMetadata, PrefillChunk, kv_row_width
 from inference.tokenizer import Tokenizer
 
 
@@ -51,7 +51,7 @@ def forward_hidden(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype
     dtype = kv_dtype or model.embed_tokens.weight.dtype
     arch = model.arch
     t = len(token_ids)
-    shape = (1, t, arch.num_key_value_heads, arch.head_dim)
+    shape = (1, t, arch.num_key_value_heads, kv_row_width(arch.head_dim, dtype))
     kv = [(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
           for _ in range(arch.num_hidden_layers)]
     ids = torch.tensor(token_ids, device=device)

@@ -209,7 +209,62 @@ def test_fp8_kv_cache(llm_fp32):
     kl = float((a.exp() * (a - b)).sum(-1).mean())
     assert kl < 0.05, kl
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        LLM("smollm2", kv_cache_dtype="int8", **kw)
+        LLM("smollm2", kv_cache_dtype="int4", **kw)
+
+
+def test_int8_kv_cache_rows_carry_their_scales():
+    from inference.attention import dequantize_int8_rows, gather_blocks, quantize_int8_rows, write_kv
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(5, 2, 16, generator=gen) * torch.tensor([0.01, 30.0])[None, :, None]   # heads far apart
+    rows = quantize_int8_rows(k)
+    assert rows.shape == (5, 2, 20) and rows.dtype == torch.int8
+    back = dequantize_int8_rows(rows, torch.float32)
+    # each row's error is within half a step of its own scale, whatever the other rows hold
+    step = k.abs().amax(-1, keepdim=True) / 127
+    assert ((back - k).abs() <= step / 2 + 1e-7).all()
+    k_cache = torch.zeros(3, 4, 2, 20, dtype=torch.int8)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([9, 0, 5, 11, 2])
+    write_kv(k_cache, v_cache, k, -k, slots)
+    got = gather_blocks(k_cache, torch.tensor([[2, 0, 1]]), torch.float32)[0]            # [12, 2, 16]
+    order = {s: i for i, s in enumerate(slots.tolist())}
+    for slot, i in order.items():
+        block, off = divmod(slot, 4)
+        pos = [2, 0, 1].index(block) * 4 + off
+        torch.testing.assert_close(got[pos], back[i])
+    torch.testing.assert_close(gather_blocks(v_cache, torch.tensor([[0]]), torch.float32)[0, 0], -back[order[0]])
+
+
+def test_int8_kv_cache_engine(llm_fp32):
+    # 68 bytes per 64 values (SmolLM2's head_dim): blocks are 0.53x bf16's, so ~1.9x as many
+    kw = dict(dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=16 << 20)
+    int8 = LLM("smollm2", kv_cache_dtype="int8", **kw)
+    bf16 = LLM("smollm2", **kw)
+    assert int8.engine.runner.kv_caches[0][0].shape[-1] == 64 + 4
+    r = int8.engine.runner
+    assert r.num_blocks == (16 << 20) // (2 * 30 * r.block_size * 3 * 68)        # 30 layers, 3 KV heads
+    assert r.num_blocks >= int(1.8 * bf16.engine.runner.num_blocks)
+    outs = int8.generate(["def add(a, b):", "The capital of France is"],
+                         SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    want = bf16.generate(["def add(a, b):", "The capital of France is"],
+                         SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    assert [o.outputs[0].token_ids[:3] for o in outs] == [o.outputs[0].token_ids[:3] for o in want]
+    assert_all_blocks_free(int8)
+    model = llm_fp32.engine.runner.model
+    window = stdlib_windows(llm_fp32.get_tokenizer(), "eval", 1, 256)[0]
+    a = forward_logits(model, window).log_softmax(-1)
+    b = forward_logits(model, window, torch.int8).log_softmax(-1)
+    kl = float((a.exp() * (a - b)).sum(-1).mean())
+    assert 0 < kl < 0.02, kl
+
+
+def test_int8_kv_cache_is_refused_on_cuda_with_a_reason():
+    from inference.config import EngineConfig
+    from inference.model_runner import build_runner
+    config = EngineConfig.load(model="random:tiny", kv_cache_dtype="int8")
+    loaded = type("Loaded", (), {"device": torch.device("cuda")})()
+    with pytest.raises(ValueError, match="CPU path only.*fp8_e4m3"):
+        build_runner(loaded, config)
 
 
 def test_qwen2_biases_round_trip_and_missing_biases_are_an_error(tmp_path):
