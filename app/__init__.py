@@ -6,21 +6,28 @@ engine's OpenAI-compatible routes beside it).
 config keys (defaults from the environment): REDIS_URL (sessions + Celery broker; in-process
 store and eager tasks without it), SESSION_TTL, MAX_MESSAGE_CHARS, KB_PATH, KB_CACHE_DIR,
 INTENTS_PATH, BANNED_WORDS_PATH, TENANTS_PATH, CHAT_TEMPERATURE (0.7), CHAT_MAX_TOKENS (512),
-CHAT_PROMPT_BUDGET (1400 tokens), ENGINE_ARGS (for the in-process engine).
+CHAT_PROMPT_BUDGET (1400 tokens), ENGINE_ARGS (for the in-process engine), RATE_LIMITS (else
+configs/limits.yaml, app/limits.py). The inference chain
+(primary, hot standby, breakers, time-outs) comes from configs/reliability.yaml and its
+environment overrides (pipelines/resilience.py).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from flask import Flask, abort, jsonify, send_from_directory
+from flask import Flask, Response, abort, jsonify, send_from_directory
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from app.chat import bp as chat_bp
+from app.completion import bp as completion_bp
 from app.completion import init_completion
+from app.limits import init_limits
 from app.services import ChatServices
 from app.store import MemoryStore, RedisStore
 from app.tasks import celery_init_app
 from app.tenants import TenantRegistry
+from monitoring.reliability_metrics import ReliabilityCollector
 
 KB_DIR_DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "kb"
 
@@ -53,6 +60,7 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
         "services": ChatServices(app.config, client),
     }
+    init_limits(app, chat_bp, completion_bp)
     app.register_blueprint(chat_bp)
     init_completion(app)
 
@@ -71,6 +79,15 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     @app.get("/healthz")
     def healthz():
         return jsonify({"status": "ok"})
+
+    services = app.extensions["support_chat"]["services"]
+    registry = CollectorRegistry()
+    registry.register(ReliabilityCollector(lambda: services.built_client))
+
+    @app.get("/metrics")
+    def metrics():
+        """The web tier's Prometheus metrics (the completion routes keep theirs at /v1/metrics)."""
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
     @app.errorhandler(404)
     def _not_found(_exc):

@@ -21,17 +21,19 @@ def serve(args: argparse.Namespace) -> int:
     from pipelines.inference_client import InProcessClient, client_from_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = client_from_env()
+    client = client_from_env(os.environ.get("REDIS_URL"))
     web = create_app(client=client)
     mounts = {}
-    if isinstance(client, InProcessClient):
+    primary = client.endpoints[0].client
+    if isinstance(primary, InProcessClient):            # the embedded default serves OpenAI routes too
         from inference.server import ServerConfig
         from inference.server import create_app as create_inference_app
-        mounts["/inference"] = create_inference_app(lambda: client.engine, ServerConfig(served_model_name=client.model))
+        mounts["/inference"] = create_inference_app(lambda: primary.engine,
+                                                    ServerConfig(served_model_name=primary.model))
     app = DispatcherMiddleware(web, mounts)
     base = f"http://{args.host}:{args.port}"
     print(f"Support chat demo:   {base}/\nChat API:            {base}/api/chat  (X-Site-Key: demo-site-key)\n"
-          + (f"OpenAI-compatible:   {base}/inference/v1  (model {client.model})\n" if mounts else
+          + (f"OpenAI-compatible:   {base}/inference/v1  (model {primary.model})\n" if mounts else
              f"Inference service:   {os.environ.get('INFERENCE_URL')}\n"), flush=True)
     waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
                    channel_request_lookahead=1, connection_limit=args.threads + 64, channel_timeout=300,

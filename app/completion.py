@@ -112,8 +112,13 @@ def completions():
         return _error(400, str(exc))
     try:
         result = _service().complete(req)
-    except InferenceError as exc:                      # the reliability work adds the fallback chain
-        return _error(503, f"inference unavailable: {exc}")
+    except InferenceError as exc:
+        # every endpoint failed or has its breaker open: an empty completion now (the editor
+        # shows nothing and the developer keeps typing) rather than an error or a wait
+        current_app.logger.warning("completion degraded: %s", exc)
+        _ext()["metrics"].requests.labels(req.language, "degraded").inc()
+        return _respond(req, tabby, f"cmpl-degraded-{uuid.uuid4().hex[:12]}", [""] * req.n, (0, 0),
+                        {"X-Inference-Degraded": "1"})
     stats: CompletionStats = _ext()["stats"]
     elapsed = time.perf_counter() - t0
     stats.record_completion(result.id, req.language, elapsed * 1e3)
@@ -133,25 +138,28 @@ def completions():
     # what the endpoint spent in all, and in the engine: the difference is its overhead
     timing = {"Server-Timing": f"engine;dur={result.engine_s * 1e3:.2f}, "
                                f"endpoint;dur={(time.perf_counter() - t0) * 1e3:.2f}"}
+    return _respond(req, tabby, result.id, result.texts, (result.prompt_tokens, result.completion_tokens), timing)
+
+
+def _respond(req, tabby: bool, completion_id: str, texts: list[str], usage: tuple[int, int], headers: dict):
+    """The body in the caller's dialect: Tabby's, or OpenAI's (JSON, or one SSE event + [DONE])."""
     if tabby:
-        resp = jsonify({"id": result.id, "choices": [{"index": i, "text": t} for i, t in enumerate(result.texts)]})
-        resp.headers.update(timing)
+        resp = jsonify({"id": completion_id, "choices": [{"index": i, "text": t} for i, t in enumerate(texts)]})
+        resp.headers.update(headers)
         return resp
-    model = _model_name()
-    choices = [{"text": t, "index": i, "logprobs": None, "finish_reason": "stop"} for i, t in enumerate(result.texts)]
-    payload = {"id": result.id, "object": "text_completion", "created": int(time.time()), "model": model,
+    choices = [{"text": t, "index": i, "logprobs": None, "finish_reason": "stop"} for i, t in enumerate(texts)]
+    payload = {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": _model_name(),
                "choices": choices,
-               "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                         "total_tokens": result.prompt_tokens + result.completion_tokens}}
+               "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
     if not req.stream:
         resp = jsonify(payload)
-        resp.headers.update(timing)
+        resp.headers.update(headers)
         return resp
 
     def sse():
         yield f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
         yield "data: [DONE]\n\n"
-    return Response(sse(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache", **timing})
+    return Response(sse(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
 
 
 @bp.post("/events")

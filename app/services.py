@@ -23,8 +23,13 @@ class ChatServices:
     def client(self) -> InferenceClient:
         with self._lock:
             if self._client is None:
-                self._client = client_from_env(**self.config.get("ENGINE_ARGS", {}))
+                self._client = client_from_env(self.config.get("REDIS_URL"), **self.config.get("ENGINE_ARGS", {}))
             return self._client
+
+    @property
+    def built_client(self) -> InferenceClient | None:
+        """The client if it exists already (metrics must not load a model to report on it)."""
+        return self._client
 
     @property
     def chat(self) -> SupportChat:

@@ -5,14 +5,16 @@
     HttpClient        the OpenAI-compatible inference service at INFERENCE_URL
                       (/v1/chat/completions streamed, /v1/embeddings, /tokenize)
 
-`client_from_env()` picks one. Both raise InferenceError when the core cannot answer, so the
-caller can fall back (the reliability issue wraps this in a circuit breaker).
+Both raise InferenceError when the core cannot answer, including when no text arrives within
+the first-token time-out or the whole request outlasts its time-out. `client_from_env()` puts
+the configured primary and hot standby behind circuit breakers (pipelines/resilience.py).
 """
 from __future__ import annotations
 
 import json
-import os
+import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -48,9 +50,30 @@ class InferenceClient(Protocol):
         """(prompt tokens, generated tokens) of a finished complete_stream, if the client knows."""
 
 
+def _deltas(stream, first_token_s: float | None, total_s: float | None) -> Iterator:
+    """The stream's deltas, raising InferenceError when the first text is later than
+    first_token_s or the whole request passes total_s (the request is aborted either way)."""
+    start = time.monotonic()
+    seen_text = False
+    while not stream.finished:
+        now = time.monotonic()
+        limits = [t for t in ((start + first_token_s) if first_token_s and not seen_text else None,
+                              (start + total_s) if total_s else None) if t is not None]
+        try:
+            delta = stream.get(timeout=max(0.0, min(limits) - now) if limits else None)
+        except queue.Empty:
+            stream.abort()
+            what = "no first token" if not seen_text else "request not finished"
+            raise InferenceError(f"{what} within {min(limits) - start:.1f} s") from None
+        seen_text = seen_text or bool(delta.text)
+        yield delta
+
+
 class InProcessClient:
-    def __init__(self, model: str = "smollm2", **engine_args):
+    def __init__(self, model: str = "smollm2", first_token_s: float | None = None, total_s: float | None = None,
+                 **engine_args):
         self.model, self.engine_args = model, engine_args
+        self.first_token_s, self.total_s = first_token_s, total_s
         self._engine = None
         self._embedder = None
         self._lock = threading.Lock()
@@ -80,7 +103,7 @@ class InProcessClient:
         except (RuntimeError, ValueError) as exc:      # engine down, or the prompt does not fit
             raise InferenceError(str(exc)) from exc
         try:
-            for delta in stream:
+            for delta in _deltas(stream, self.first_token_s, self.total_s):
                 if delta.error:
                     raise InferenceError(delta.error)
                 if delta.text:
@@ -100,7 +123,7 @@ class InProcessClient:
             raise InferenceError(str(exc)) from exc
         usage = [0, 0]
         try:
-            for delta in stream:
+            for delta in _deltas(stream, self.first_token_s, self.total_s):
                 if delta.error:
                     raise InferenceError(delta.error)
                 usage = [delta.num_prompt_tokens or usage[0], delta.num_output_tokens]
@@ -138,13 +161,23 @@ class InProcessClient:
 
 
 class HttpClient:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0, model: str | None = None):
+    def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None,
+                 connect_s: float = 2.0, first_token_s: float = 60.0, total_s: float = 120.0):
+        """connect_s: TCP connect; first_token_s: the longest wait for the next bytes (headers,
+        then each streamed line: the first token's wait is the longest of them); total_s: the
+        whole request."""
         import requests
         self.base_url = base_url.rstrip("/")
         self.session = requests.Session()
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
-        self.timeout, self.model = timeout, model
+        self.model = model
+        self.timeout = (connect_s, first_token_s)
+        self.total_s = total_s
+        self._lock = threading.Lock()
+        self._open: dict = {}                        # request_id -> its streaming response
+        self._aborted: set[str] = set()              # request ids closed by abort()
+        self._usage: dict[str, tuple[int, int]] = {}  # request_id -> (prompt, generated) tokens
 
     def _request(self, method: str, path: str, **kw):
         import requests
@@ -162,10 +195,47 @@ class HttpClient:
     def chat_stream(self, messages, *, temperature=0.7, top_p=1.0, max_tokens=512) -> Iterator[str]:
         body = {"model": self._served_model(), "messages": messages, "temperature": temperature, "top_p": top_p,
                 "max_tokens": max_tokens, "stream": True}
+        for event in self._sse("/v1/chat/completions", body):
+            for choice in event.get("choices", []):
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    yield text
+
+    def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
+                        request_id=None) -> Iterator[str]:
+        body = {"model": self._served_model(), "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                "top_p": top_p, "stop": stop or None, "seed": seed, "stream": True,
+                "stream_options": {"include_usage": True}}
+        usage = (0, 0)
+        try:
+            for event in self._sse("/v1/completions", {k: v for k, v in body.items() if v is not None}, request_id):
+                if event.get("usage"):
+                    usage = (event["usage"]["prompt_tokens"], event["usage"]["completion_tokens"])
+                for choice in event.get("choices", []):
+                    if choice.get("text"):
+                        yield choice["text"]
+        finally:
+            if request_id is not None:
+                with self._lock:
+                    self._usage[request_id] = usage
+                    while len(self._usage) > 4096:
+                        self._usage.pop(next(iter(self._usage)))
+
+    def _sse(self, path: str, body: dict, request_id: str | None = None) -> Iterator[dict]:
+        """The JSON events of a streamed response up to [DONE]; InferenceError if it breaks, ends
+        early or outlasts total_s. A request_id lets `abort` close it (the service then aborts
+        the request before its next engine step)."""
         import requests
-        with self._post("/v1/chat/completions", body, stream=True) as resp:
+        deadline = time.monotonic() + self.total_s
+        aborted = False
+        with self._post(path, body, stream=True) as resp:
+            if request_id is not None:
+                with self._lock:
+                    self._open[request_id] = resp
             try:
                 for line in resp.iter_lines(decode_unicode=True):
+                    if time.monotonic() > deadline:
+                        raise InferenceError(f"inference stream from {self.base_url} outlasted {self.total_s} s")
                     if not line or not line.startswith("data: "):
                         continue
                     data = line[6:]
@@ -174,13 +244,34 @@ class HttpClient:
                     event = json.loads(data)
                     if "error" in event:
                         raise InferenceError(str(event["error"]))
-                    for choice in event.get("choices", []):
-                        text = (choice.get("delta") or {}).get("content")
-                        if text:
-                            yield text
-            except (requests.RequestException, ValueError) as exc:     # cut off mid-stream, bad JSON
+                    yield event
+            except (requests.RequestException, ValueError, AttributeError) as exc:
+                # cut off mid-stream, bad JSON, or closed by abort (urllib3 drops its fp)
+                if request_id is not None and request_id in self._aborted:
+                    return
                 raise InferenceError(f"inference stream from {self.base_url} broke: {exc}") from exc
+            finally:
+                if request_id is not None:
+                    with self._lock:
+                        self._open.pop(request_id, None)
+                        aborted = request_id in self._aborted
+                        self._aborted.discard(request_id)
+        if aborted:
+            return
         raise InferenceError(f"inference stream from {self.base_url} ended without [DONE]")
+
+    def abort(self, request_id: str) -> None:
+        """Close a running complete_stream's connection: the service aborts it at once."""
+        with self._lock:
+            resp = self._open.get(request_id)
+            if resp is not None:
+                self._aborted.add(request_id)
+        if resp is not None:
+            resp.close()
+
+    def usage(self, request_id: str) -> tuple[int, int] | None:
+        with self._lock:
+            return self._usage.pop(request_id, None)
 
     def _served_model(self) -> str:
         """The model the service serves (GET /v1/models), unless one was given."""
@@ -201,10 +292,26 @@ class HttpClient:
         return self._max_model_len
 
 
-def client_from_env(**engine_args) -> InferenceClient:
-    """HttpClient when INFERENCE_URL is set (INFERENCE_API_KEY for its bearer key), else the
-    in-process engine on MODEL (default smollm2)."""
-    url = os.environ.get("INFERENCE_URL")
-    if url:
-        return HttpClient(url, os.environ.get("INFERENCE_API_KEY"))
-    return InProcessClient(os.environ.get("MODEL", "smollm2"), **engine_args)
+def client_from_env(redis_url: str | None = None, config_path: str | None = None, **engine_args):
+    """The configured chain (configs/reliability.yaml, INFERENCE_URL, INFERENCE_STANDBY_URL,
+    STANDBY_MODEL, INFERENCE_API_KEY): the primary is the HTTP service at its URL or else the
+    in-process engine on MODEL (default smollm2), then the standby if one is configured, each
+    behind a circuit breaker (state in Redis when redis_url is given)."""
+    import os
+
+    from pipelines.resilience import Endpoint, FallbackClient, ReliabilityConfig, make_breaker
+    cfg = ReliabilityConfig.load(config_path)
+    t = cfg.timeouts
+    key = os.environ.get("INFERENCE_API_KEY")
+
+    def build(url: str | None, model: str) -> InferenceClient:
+        if url:
+            return HttpClient(url, key, connect_s=t.connect_s, first_token_s=t.first_token_s, total_s=t.total_s)
+        return InProcessClient(model, first_token_s=t.first_token_s, total_s=t.total_s, **engine_args)
+
+    endpoints = [Endpoint("primary", build(cfg.primary_url, os.environ.get("MODEL", "smollm2")),
+                          make_breaker("primary", cfg.breaker, redis_url))]
+    if cfg.standby_url or cfg.standby_model:
+        endpoints.append(Endpoint("standby", build(cfg.standby_url, cfg.standby_model or "smollm2"),
+                                  make_breaker("standby", cfg.breaker, redis_url)))
+    return FallbackClient(endpoints)

@@ -163,6 +163,26 @@ class KnowledgeBase:
                 log.exception("knowledge base: rebuild of %s failed; keeping the previous index", self.path)
 
     # ---- search --------------------------------------------------------------------------
+    def search_lexical(self, query: str, k: int = 3, min_matched: float = 0.5) -> list[Passage]:
+        """BM25 alone, for when no embeddings can be had (the inference service is down): up to k
+        passages that contain at least `min_matched` of the query's distinct words, best first."""
+        self.refresh()
+        chunks, _, bm25 = self._index
+        words = sorted(set(tokenize(query)))
+        if not words:
+            return []
+        # the index holds words as written: let "refund" also match "refunds" and back
+        forms = {w: {w, w + "s", w[:-1] if w.endswith("s") else w} for w in words}
+        scores = bm25.get_scores(sorted(set().union(*forms.values())))
+        out = []
+        for i in np.argsort(-scores)[:k * 4]:
+            if scores[i] <= 0:
+                break
+            have = set(tokenize(f"{chunks[i].title} {chunks[i].section} {chunks[i].text}"))
+            if sum(bool(f & have) for f in forms.values()) >= min_matched * len(words):
+                out.append(Passage(chunks[int(i)], round(float(scores[i]), 5), 0.0))
+        return out[:k]
+
     def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20) -> list[Passage]:
         """Up to k passages, best first; [] when nothing clears the relevance gate."""
         self.refresh()

@@ -22,7 +22,7 @@ from filters.injection import detect_injection
 from filters.pii import redact_pii
 from filters.stream_guard import StreamGuard
 from pipelines.inference_client import InferenceClient, InferenceError
-from pipelines.intent import FALLBACK_INTENT, IntentDetector
+from pipelines.intent import FALLBACK_INTENT, IntentDetector, IntentResult
 from pipelines.knowledge_base import KnowledgeBase, Passage
 from pipelines.prompt import build_messages
 
@@ -113,7 +113,13 @@ class SupportChat:
             return
         try:
             qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
-        except InferenceError:            # no embeddings: no intent, no search; say so, offer a human
+        except InferenceError:
+            # no embeddings (the inference service is down): no intent; keyword search alone finds
+            # the help-centre excerpt the degraded reply quotes, with its citation and a human
+            passages = self.kb.search_lexical(clean_text, 1)
+            if passages:
+                yield from self._degraded(clean_text, passages, IntentResult(FALLBACK_INTENT, FALLBACK_INTENT, 0.0, False, None, {}), [])
+                return
             reply = f"{canned('degraded', clean_text).split(':')[0]}. {canned('not_found', clean_text)}"
             yield from self._canned(reply, ChatReply(reply, FALLBACK_INTENT, 0.0, degraded=True))
             return

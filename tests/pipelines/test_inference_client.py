@@ -4,6 +4,7 @@ and clear InferenceErrors when the service is down or refuses."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -45,4 +46,24 @@ def test_errors_are_inference_errors(service):
     with pytest.raises(InferenceError, match="400"):
         HttpClient(url, api_key="k1").embed([""])
     with pytest.raises(InferenceError, match="unreachable"):
-        HttpClient("http://127.0.0.1:9", timeout=2).embed(["hi"])
+        HttpClient("http://127.0.0.1:9", connect_s=2).embed(["hi"])
+
+
+def test_completion_over_http_with_usage_and_abort(service):
+    url, engine = service
+    client = HttpClient(url, api_key="k1")
+    text = "".join(client.complete_stream("def add(a, b):", max_tokens=6, temperature=0, top_p=1, stop=[],
+                                          request_id="c1"))
+    prompt_tokens, generated = client.usage("c1")
+    assert prompt_tokens == len(engine.tokenizer.encode("def add(a, b):")) and 0 < generated <= 6
+    assert isinstance(text, str)
+    # a superseded completion: abort() closes its stream, which ends quietly, and the service
+    # frees the request
+    stream = client.complete_stream("x = ", max_tokens=400, temperature=1.0, top_p=1, stop=[], request_id="c2")
+    assert next(stream) is not None
+    client.abort("c2")
+    assert len(list(stream)) < 400
+    deadline = time.time() + 10
+    while engine.num_unfinished and time.time() < deadline:
+        time.sleep(0.02)
+    assert engine.num_unfinished == 0

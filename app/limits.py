@@ -1,0 +1,87 @@
+"""Request rate limits (Flask-Limiter), one Limiter per app:
+
+    every /api/chat and /v1 route   per client IP           limits.per_ip
+    /api/chat                       per site key (tenant)   limits.per_site_key
+    /v1 (completion)                per API key             limits.per_api_key
+
+A request over a limit gets 429 with a JSON body saying which limit and a Retry-After header.
+Counters are in Redis when REDIS_URL is set, shared by every web worker; if Redis is
+unreachable the limiter falls back to in-process counters instead of failing the request.
+Keys are hashed before they reach the storage, so no API key is stored in the clear.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import yaml
+from flask import Flask, jsonify, request
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
+from limits import parse_many
+
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "limits.yaml"
+KINDS = {"per_ip": "RATE_LIMIT_PER_IP", "per_site_key": "RATE_LIMIT_PER_SITE_KEY",
+         "per_api_key": "RATE_LIMIT_PER_API_KEY"}
+UNLIMITED_PATHS = ("/v1/health", "/v1/metrics")
+
+
+def load_limits(path: str | os.PathLike | None = None, env: dict | None = None) -> dict[str, str]:
+    """kind -> limit string, validated (a bad string is a startup error, not a silent no-limit)."""
+    env = os.environ if env is None else env
+    path = Path(path or env.get("LIMITS_PATH") or DEFAULT_PATH)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    unknown = set(raw) - set(KINDS)
+    if unknown:
+        raise ValueError(f"limits: unknown keys {sorted(unknown)} in {path} (known: {sorted(KINDS)})")
+    out = {}
+    for kind, var in KINDS.items():
+        value = env.get(var) or raw.get(kind)
+        if not value:
+            raise ValueError(f"limits: {kind} is not set in {path} or {var}")
+        try:
+            parse_many(str(value))
+        except ValueError as exc:
+            raise ValueError(f"limits: {kind} = {value!r} is not a rate limit like '10 per minute'") from exc
+        out[kind] = str(value)
+    return out
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
+
+
+def _site_key() -> str:
+    return "site:" + _digest(request.headers.get("X-Site-Key", ""))
+
+
+def _api_key() -> str:
+    auth = request.headers.get("Authorization", "")
+    return "key:" + _digest(auth.removeprefix("Bearer ").strip())
+
+
+def init_limits(app: Flask, chat_bp, completion_bp) -> Limiter:
+    """Attach the limits to the two API blueprints (call before registering them)."""
+    limits = app.config.get("RATE_LIMITS") or load_limits(app.config.get("LIMITS_PATH"))
+    app.config["RATE_LIMITS"] = limits
+    storage = app.config.get("REDIS_URL") or "memory://"
+    limiter = Limiter(get_remote_address, app=app, storage_uri=storage, strategy="moving-window",
+                      headers_enabled=True, swallow_errors=True, in_memory_fallback_enabled=True,
+                      key_prefix=app.config.get("RATELIMIT_KEY_PREFIX", "ratelimit"))
+    skip = lambda: request.path in UNLIMITED_PATHS or request.method == "OPTIONS"   # noqa: E731
+    # shared limits: one counter per key across all of a blueprint's routes
+    for bp in (chat_bp, completion_bp):
+        limiter.shared_limit(limits["per_ip"], scope=f"{bp.name}-ip", exempt_when=skip)(bp)
+    limiter.shared_limit(limits["per_site_key"], scope="chat-site", key_func=_site_key, exempt_when=skip)(chat_bp)
+    limiter.shared_limit(limits["per_api_key"], scope="completion-key", key_func=_api_key,
+                         exempt_when=skip)(completion_bp)
+
+    @app.errorhandler(429)
+    def _too_many(exc):
+        limit = getattr(exc, "limit", None)
+        what = f" ({limit.limit})" if limit is not None else ""
+        return jsonify({"error": f"rate limit exceeded{what}: retry after the Retry-After seconds"}), 429
+
+    app.extensions["limiter"] = limiter
+    return limiter
