@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-v2
 MODEL ?= smollm2
 
-.PHONY: run serve chat test test-fast bench install browser clean
+.PHONY: run serve chat test test-fast bench install browser monitoring-tools clean
 
 install: $(STAMP)
 
@@ -34,7 +34,11 @@ serve: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-test: $(STAMP) browser
+# Debian's Prometheus: promtool checks monitoring/ (config, rules, rule unit tests)
+monitoring-tools:
+	@command -v promtool >/dev/null || (apt-get update -q && apt-get install -y -q prometheus)
+
+test: $(STAMP) browser monitoring-tools
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from flask import Flask, Response, abort, jsonify, send_from_directory
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from app.chat import bp as chat_bp
 from app.completion import bp as completion_bp
@@ -28,6 +28,7 @@ from app.store import MemoryStore, RedisStore
 from app.tasks import celery_init_app
 from app.tenants import TenantRegistry
 from monitoring.reliability_metrics import ReliabilityCollector
+from monitoring.web_metrics import WebMetrics
 
 KB_DIR_DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "kb"
 
@@ -60,6 +61,11 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
         "services": ChatServices(app.config, client),
     }
+    registry = CollectorRegistry()
+    web_metrics = WebMetrics(registry)
+    web_metrics.init_app(app)
+    services = app.extensions["support_chat"]["services"]
+    registry.register(ReliabilityCollector(lambda: services.built_client))
     init_limits(app, chat_bp, completion_bp)
     app.register_blueprint(chat_bp)
     init_completion(app)
@@ -80,14 +86,11 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     def healthz():
         return jsonify({"status": "ok"})
 
-    services = app.extensions["support_chat"]["services"]
-    registry = CollectorRegistry()
-    registry.register(ReliabilityCollector(lambda: services.built_client))
-
     @app.get("/metrics")
     def metrics():
-        """The web tier's Prometheus metrics (the completion routes keep theirs at /v1/metrics)."""
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        """The web tier's Prometheus metrics: requests, chat, completion, fallback chain."""
+        body, content_type = web_metrics.render()
+        return Response(body, mimetype=content_type)
 
     @app.errorhandler(404)
     def _not_found(_exc):

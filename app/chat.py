@@ -143,7 +143,10 @@ def post_message(sid: str):
     asked_at = time.time()
     events = chat.respond(g.tenant.tenant, history, clean, blocked)
 
+    metrics = current_app.extensions["web_metrics"]
+
     def finish(reply: ChatReply) -> dict:
+        metrics.turn(reply.intent, reply.degraded, reply.handoff, reply.blocked)
         # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
         flag = {"blocked": True} if reply.blocked else {}
         store.append(tid, sid, {"role": "user", "content": clean, "time": asked_at, **flag})
@@ -161,12 +164,17 @@ def post_message(sid: str):
         for kind, value in events:
             if kind == "done":
                 reply = value
+        metrics.first_token.observe(time.time() - asked_at)          # the whole reply is its first text
         return jsonify(finish(reply))
 
     def sse():
+        first = True
         try:
             for kind, value in events:
                 if kind == "token":
+                    if first:
+                        metrics.first_token.observe(time.time() - asked_at)
+                        first = False
                     yield f"event: token\ndata: {json.dumps({'text': value}, ensure_ascii=False)}\n\n"
                 else:
                     yield f"event: done\ndata: {json.dumps(finish(value), ensure_ascii=False)}\n\n"
@@ -195,6 +203,7 @@ def feedback(sid: str):
         raise ApiError(400, "comment: must be a string of at most 2000 characters")
     comment = _ext()["services"].banned.mask(redact_pii(comment)[0])[0]
     store.add_feedback(tid, sid, {"message_index": index, "rating": rating, "comment": comment, "time": time.time()})
+    current_app.extensions["web_metrics"].feedback.labels(rating).inc()
     return jsonify({"ok": True})
 
 

@@ -186,7 +186,8 @@ def events():
 
 @bp.get("/metrics")
 def metrics():
-    body, content_type = _ext()["metrics"].render()
+    """The same as the app's /metrics (kept where the completion API's clients look)."""
+    body, content_type = current_app.extensions["web_metrics"].render()
     return Response(body, content_type=content_type)
 
 
@@ -238,7 +239,7 @@ def init_completion(app) -> None:
     from pipelines.completion import Languages
     from monitoring.completion_metrics import CompletionMetrics
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),
-                                    "metrics": CompletionMetrics(),
+                                    "metrics": CompletionMetrics(app.extensions["web_metrics"].metric_registry),
                                     "jobs": JobStore(app.config.get("REDIS_URL")),
                                     "extensions": set(Languages().by_ext)}
     app.register_blueprint(bp)

@@ -1,7 +1,22 @@
-"""The Celery worker's entry point: `celery -A app.worker worker` (needs REDIS_URL)."""
+"""The Celery worker's entry point: `celery -A app.worker worker --pool=solo` (needs REDIS_URL).
+Its Prometheus metrics are served on WORKER_METRICS_PORT (default 9808; 0 turns them off)."""
 from __future__ import annotations
 
+import os
+
+from celery.signals import worker_ready
+
 from app import create_app
+from monitoring.worker_metrics import WorkerMetrics
 
 flask_app = create_app()
 celery_app = flask_app.extensions["celery"]
+metrics = WorkerMetrics()
+metrics.connect()
+
+
+@worker_ready.connect
+def _serve_metrics(**_):
+    port = int(os.environ.get("WORKER_METRICS_PORT", "9808"))
+    if port:
+        metrics.serve(port, flask_app.config.get("REDIS_URL"))

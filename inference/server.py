@@ -153,7 +153,7 @@ def ready():
 
 @bp.get("/metrics")
 def metrics():
-    body, content_type = _ctx()["metrics"].render()
+    body, content_type = _ctx()["metrics"].render(ready=_ctx()["holder"].ready())
     return Response(body, mimetype=None, content_type=content_type)
 
 

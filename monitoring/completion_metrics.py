@@ -3,13 +3,7 @@ cancellations, wasted tokens, and view/select/dismiss events by language, from w
 take the acceptance rate (select / view)."""
 from __future__ import annotations
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
@@ -28,6 +22,3 @@ class CompletionMetrics:
         self.wasted_tokens = Counter("completion_wasted_tokens_total",
                                      "Tokens generated after their request was superseded", registry=r)
         self.events = Counter("completion_events_total", "IDE events", ["language", "type"], registry=r)
-
-    def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -108,6 +108,7 @@ class EngineMetrics:
         def histogram(name, doc, buckets):
             return Histogram(f"{p}:{name}", doc, ["model_name"], registry=r, buckets=buckets).labels(m)
 
+        self.ready = gauge("ready", "1 when the engine is loaded and serving, else 0.")
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_cache_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).")
@@ -163,6 +164,9 @@ class EngineMetrics:
         counter.inc(total - last if total >= last else total)
         self._last[key] = total
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition text of this registry and its HTTP Content-Type."""
+    def render(self, ready: bool | None = None) -> tuple[bytes, str]:
+        """The exposition text of this registry and its HTTP Content-Type; ready: the engine's
+        readiness (left as it was when None)."""
+        if ready is not None:
+            self.ready.set(1 if ready else 0)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -14,6 +14,10 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests drive the APIs from one address far faster than a person: the shipped per-IP and per-key
+# limits would turn later requests into 429s. tests/app/test_rate_limits.py sets its own limits.
+for _var in ("RATE_LIMIT_PER_IP", "RATE_LIMIT_PER_SITE_KEY", "RATE_LIMIT_PER_API_KEY"):
+    os.environ.setdefault(_var, "100000 per second")
 
 
 @pytest.fixture(scope="session")

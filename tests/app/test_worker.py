@@ -10,18 +10,22 @@ from pathlib import Path
 
 import pytest
 import redis
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/13"
+METRICS_PORT = 19808
 KEY = {"X-Site-Key": "demo-site-key"}
 
 
 @pytest.fixture()
 def worker(redis_server):
     redis.Redis.from_url(REDIS_URL).flushdb()
-    env = {**os.environ, "REDIS_URL": REDIS_URL, "MODEL": "random:tiny", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "REDIS_URL": REDIS_URL, "MODEL": "random:tiny", "PYTHONPATH": str(ROOT),
+           "WORKER_METRICS_PORT": str(METRICS_PORT)}
     env.pop("INFERENCE_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
                              "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
@@ -48,3 +52,19 @@ def test_handoff_summary_is_written_by_a_real_worker(worker, tiny_client, tmp_pa
     assert worker.poll() is None, worker.stdout.read()
     assert store.meta("demo", sid).get("handoff_summary"), "the worker wrote no summary"
     assert web.get(f"/api/chat/sessions/{sid}", headers=KEY).get_json()["status"] == "pending_human"
+
+    # the store is written inside the task; its postrun signal (success, duration) follows at once
+    def samples() -> dict:
+        text = requests.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+    task = ("task", "app.tasks.summarize_handoff")
+    done = ("celery_tasks_total", (("state", "succeeded"), task))
+    deadline = time.time() + 10
+    got = samples()
+    while time.time() < deadline and done not in got:
+        time.sleep(0.1)
+        got = samples()
+    assert got.get(done) == 1 and got[("celery_tasks_total", (("state", "started"), task))] == 1
+    assert got[("celery_task_duration_seconds_count", (task,))] == 1
+    assert got[("celery_queue_length", (("queue", "celery"),))] == 0
