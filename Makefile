@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-v2
 MODEL ?= smollm2
 
-.PHONY: run serve chat test test-fast bench install browser monitoring-tools clean
+.PHONY: run serve chat test test-fast bench install browser ops-tools clean
 
 install: $(STAMP)
 
@@ -34,11 +34,13 @@ serve: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-# Debian's Prometheus: promtool checks monitoring/ (config, rules, rule unit tests)
-monitoring-tools:
-	@command -v promtool >/dev/null || (apt-get update -q && apt-get install -y -q prometheus)
+# Debian's Prometheus (promtool checks monitoring/, a test scrapes with the server) and
+# docker-compose 1.29 (validates docker-compose.yml without a Docker engine)
+ops-tools:
+	@command -v promtool >/dev/null && command -v docker-compose >/dev/null || \
+		(apt-get update -q && apt-get install -y -q prometheus docker-compose)
 
-test: $(STAMP) browser monitoring-tools
+test: $(STAMP) browser ops-tools
 	$(PY) -m pytest -q --durations=15 tests
 
 test-fast: $(STAMP)
