@@ -30,7 +30,10 @@ def serve(args: argparse.Namespace) -> int:
         from inference.server import create_app as create_inference_app
         mounts["/inference"] = create_inference_app(lambda: primary.engine,
                                                     ServerConfig(served_model_name=primary.model))
-    app = DispatcherMiddleware(web, mounts)
+    from inference.shutdown import GracefulShutdown
+    app = GracefulShutdown(DispatcherMiddleware(web, mounts), float(os.environ.get("SHUTDOWN_DRAIN_S", "30")),
+                           on_exit=client.close)
+    app.install()                                # SIGTERM: refuse new requests, finish streams, exit
     base = f"http://{args.host}:{args.port}"
     print(f"Support chat demo:   {base}/\nChat API:            {base}/api/chat  (X-Site-Key: demo-site-key)\n"
           + (f"OpenAI-compatible:   {base}/inference/v1  (model {primary.model})\n" if mounts else

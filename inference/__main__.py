@@ -53,7 +53,16 @@ def serve(args: argparse.Namespace) -> int:
     keys = tuple(args.api_key or [k for k in os.environ.get("INFERENCE_API_KEYS", "").split(",") if k])
     server_config = ServerConfig(served_model_name=args.served_model_name or config.model.model, api_keys=keys,
                                  max_queue_len=args.max_queue_len, max_body_bytes=args.max_body_bytes)
-    app = create_app(lambda: OnlineEngine(config=config), server_config)
+    engines: list[OnlineEngine] = []
+
+    def load() -> OnlineEngine:
+        engines.append(OnlineEngine(config=config))
+        return engines[-1]
+
+    from inference.shutdown import GracefulShutdown
+    app = GracefulShutdown(create_app(load, server_config), float(os.environ.get("SHUTDOWN_DRAIN_S", "30")),
+                           on_exit=lambda: [e.shutdown() for e in engines])
+    app.install()                                # SIGTERM: refuse new requests, finish streams, exit
     print(f"Serving {server_config.served_model_name} on http://{args.host}:{args.port} "
           f"(auth {'on' if keys else 'off'}); /ready turns 200 once the model is loaded", flush=True)
     # send_bytes=1: SSE chunks leave at once; one thread per open stream. channel_request_lookahead=1
