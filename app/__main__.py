@@ -51,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=64)
+    h = sub.add_parser("hash-key", help="print the tenants.yaml entry (sha256:...) for an API key")
+    h.add_argument("key")
     args = parser.parse_args(argv)
+    if args.cmd == "hash-key":
+        from app.tenants import hash_api_key
+        print(hash_api_key(args.key))
+        return 0
     return serve(args)
 
 

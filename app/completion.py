@@ -6,7 +6,9 @@ pipelines/completion.py.
     POST /v1/events        view / select / dismiss (select_kind=line for partial accepts)
     GET  /v1/health        what Tabby's plugins ask for on start
 
-Requests carry `Authorization: Bearer <api key>` (COMPLETION_API_KEYS; demo: demo-api-key).
+Requests carry `Authorization: Bearer <api key>`: a key whose SHA-256 a tenant lists in
+configs/tenants.yaml (`api_keys`; demo: demo-api-key), or one of COMPLETION_API_KEYS (env,
+for deployments that inject keys as secrets; hashed at start-up, never kept in the clear).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import uuid
 from collections import Counter, OrderedDict
 from pathlib import Path
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from pipelines.completion import (
     CompletionCache,
@@ -29,6 +31,7 @@ from pipelines.completion import (
     parse_tabby,
     service_for,
 )
+from app.tenants import hash_api_key
 from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
@@ -80,11 +83,16 @@ def _model_name() -> str:
 def _auth():
     if request.path in ("/v1/health", "/v1/metrics") and request.method == "GET":
         return None
-    keys = current_app.config["COMPLETION_API_KEYS"]
     header = request.headers.get("Authorization", "")
     token = header[7:] if header.startswith("Bearer ") else ""
-    if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
-        return _error(401, "invalid API key" if token else "missing Authorization: Bearer <api key>")
+    if not token:
+        return _error(401, "missing Authorization: Bearer <api key>")
+    tenant = current_app.extensions["support_chat"]["tenants"].by_api_key(token)
+    digest = hash_api_key(token).encode()
+    env_ok = any(hmac.compare_digest(digest, h.encode()) for h in current_app.config["COMPLETION_API_KEY_HASHES"])
+    if tenant is None and not env_ok:
+        return _error(401, "invalid API key")
+    g.api_tenant = tenant.tenant.tenant_id if tenant is not None else "default"
     return None
 
 
@@ -231,8 +239,11 @@ def repository_job(job_id: str):
 
 
 def init_completion(app) -> None:
-    keys = os.environ.get("COMPLETION_API_KEYS", "demo-api-key")
-    app.config.setdefault("COMPLETION_API_KEYS", [k for k in keys.split(",") if k])
+    keys = app.config.get("COMPLETION_API_KEYS")
+    if keys is None:
+        keys = [k for k in os.environ.get("COMPLETION_API_KEYS", "").split(",") if k]
+    app.config["COMPLETION_API_KEY_HASHES"] = [hash_api_key(k) for k in keys]
+    app.config["COMPLETION_API_KEYS"] = None             # only the hashes are kept
     roots = os.environ.get("COMPLETION_REPO_ROOTS", str(Path(__file__).resolve().parent.parent))
     app.config.setdefault("COMPLETION_REPO_ROOTS", [r for r in roots.split(os.pathsep) if r])
     from app.store import JobStore

@@ -1,10 +1,14 @@
-"""Tenants: site keys, allowed widget origins and per-tenant prompts, from configs/tenants.yaml."""
+"""Tenants: site keys, allowed widget origins, per-tenant prompts and hashed API keys, from
+configs/tenants.yaml. API keys are never stored: only `sha256:<hex>` of each, compared in
+constant time against the hash of the key a request presents."""
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import hmac
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -14,11 +18,20 @@ from pipelines.support_chat import Tenant
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "tenants.yaml"
 
 
+_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def hash_api_key(key: str) -> str:
+    """What tenants.yaml stores for an API key."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class TenantConfig:
     tenant: Tenant
     site_key: str
     allowed_origins: tuple[str, ...]
+    api_key_hashes: tuple[str, ...] = field(default=(), repr=False)
 
     def allows_origin(self, origin: str) -> bool:
         return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.allowed_origins)
@@ -38,9 +51,14 @@ class TenantRegistry:
             policy = spec.get("banned_input_policy", "block")
             if policy not in ("block", "mask"):
                 raise ValueError(f"tenants: {tid!r} banned_input_policy must be block or mask, got {policy!r}")
+            hashes = tuple(spec.get("api_keys") or ())
+            bad = [h for h in hashes if not isinstance(h, str) or not _HASH.match(h)]
+            if bad:
+                raise ValueError(f"tenants: {tid!r} api_keys must be 'sha256:<64 hex>' hashes (python -m app "
+                                 f"hash-key KEY), not keys; got {len(bad)} other value(s)")
             self.tenants.append(TenantConfig(
                 Tenant(str(tid), spec.get("name", str(tid)), spec["system_prompt"], policy),
-                str(spec["site_key"]), tuple(spec.get("allowed_origins") or ())))
+                str(spec["site_key"]), tuple(spec.get("allowed_origins") or ()), hashes))
         if not self.tenants:
             raise ValueError(f"tenants: {path} defines no tenants")
 
@@ -49,6 +67,16 @@ class TenantRegistry:
             if hmac.compare_digest(t.site_key.encode(), key.encode()):
                 return t
         return None
+
+    def by_api_key(self, key: str) -> TenantConfig | None:
+        """The tenant whose api_keys hold this key's hash (every entry compared: no early exit)."""
+        digest = hash_api_key(key).encode()
+        found = None
+        for t in self.tenants:
+            for h in t.api_key_hashes:
+                if hmac.compare_digest(digest, h.encode()):
+                    found = t
+        return found
 
     def any_allows_origin(self, origin: str) -> bool:
         return any(t.allows_origin(origin) for t in self.tenants)
