@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from app.chat import bp as chat_bp
 from app.completion import bp as completion_bp
 from app.completion import init_completion
+from app.jobs import bp as jobs_bp
 from app.limits import init_limits
 from app.services import ChatServices
 from app.store import MemoryStore, RedisStore
@@ -51,9 +52,15 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     if app.config["KB_PATH"]:              # one meaning for the index and the /kb/ links
         app.config["KB_PATH"] = str(Path(app.config["KB_PATH"]).resolve())
     url = app.config["REDIS_URL"]
+    # acks_late + reject_on_worker_lost: a task whose worker dies goes back to the queue; the broker
+    # redelivers an unacknowledged task after visibility_timeout, so it must exceed the longest
+    # task's time limit (app/tasks.py) or a running task would be handed out twice
+    visibility = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT_S", "7200"))
     app.config.setdefault("CELERY", {"broker_url": url, "result_backend": url, "task_always_eager": not url,
                                       "task_ignore_result": False, "task_acks_late": True,
-                                      "task_reject_on_worker_lost": True, "broker_connection_retry_on_startup": True})
+                                      "task_reject_on_worker_lost": True, "broker_connection_retry_on_startup": True,
+                                      "broker_transport_options": {"visibility_timeout": visibility},
+                                      "worker_prefetch_multiplier": 1})
     celery_init_app(app)
     ttl = app.config["SESSION_TTL"]
     app.extensions["support_chat"] = {
@@ -66,9 +73,10 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     web_metrics.init_app(app)
     services = app.extensions["support_chat"]["services"]
     registry.register(ReliabilityCollector(lambda: services.built_client))
-    init_limits(app, chat_bp, completion_bp)
+    init_limits(app, chat_bp, completion_bp, jobs_bp)
     app.register_blueprint(chat_bp)
     init_completion(app)
+    app.register_blueprint(jobs_bp)
 
     @app.get("/")
     def demo():

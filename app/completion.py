@@ -246,11 +246,12 @@ def init_completion(app) -> None:
     app.config["COMPLETION_API_KEYS"] = None             # only the hashes are kept
     roots = os.environ.get("COMPLETION_REPO_ROOTS", str(Path(__file__).resolve().parent.parent))
     app.config.setdefault("COMPLETION_REPO_ROOTS", [r for r in roots.split(os.pathsep) if r])
-    from app.store import JobStore
+    from app.store import BatchStore, JobStore
     from pipelines.completion import Languages
     from monitoring.completion_metrics import CompletionMetrics
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),
                                     "metrics": CompletionMetrics(app.extensions["web_metrics"].metric_registry),
                                     "jobs": JobStore(app.config.get("REDIS_URL")),
+                                    "batches": BatchStore(app.config.get("REDIS_URL")),
                                     "extensions": set(Languages().by_ext)}
     app.register_blueprint(bp)

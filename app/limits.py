@@ -61,7 +61,7 @@ def _api_key() -> str:
     return "key:" + _digest(auth.removeprefix("Bearer ").strip())
 
 
-def init_limits(app: Flask, chat_bp, completion_bp) -> Limiter:
+def init_limits(app: Flask, chat_bp, completion_bp, jobs_bp) -> Limiter:
     """Attach the limits to the two API blueprints (call before registering them)."""
     limits = app.config.get("RATE_LIMITS") or load_limits(app.config.get("LIMITS_PATH"))
     app.config["RATE_LIMITS"] = limits
@@ -71,11 +71,11 @@ def init_limits(app: Flask, chat_bp, completion_bp) -> Limiter:
                       key_prefix=app.config.get("RATELIMIT_KEY_PREFIX", "ratelimit"))
     skip = lambda: request.path in UNLIMITED_PATHS or request.method == "OPTIONS"   # noqa: E731
     # shared limits: one counter per key across all of a blueprint's routes
-    for bp in (chat_bp, completion_bp):
+    for bp in (chat_bp, completion_bp, jobs_bp):
         limiter.shared_limit(limits["per_ip"], scope=f"{bp.name}-ip", exempt_when=skip)(bp)
     limiter.shared_limit(limits["per_site_key"], scope="chat-site", key_func=_site_key, exempt_when=skip)(chat_bp)
-    limiter.shared_limit(limits["per_api_key"], scope="completion-key", key_func=_api_key,
-                         exempt_when=skip)(completion_bp)
+    for bp in (completion_bp, jobs_bp):                  # one API key: one budget over both
+        limiter.shared_limit(limits["per_api_key"], scope="api-key", key_func=_api_key, exempt_when=skip)(bp)
 
     @app.errorhandler(429)
     def _too_many(exc):

@@ -95,3 +95,48 @@ def index_repository(job_id: str, name: str, path: str) -> int:
     if service is not None:
         service.indexes[safe_name(name)] = index
     return len(index.chunks)
+
+
+BATCH_TIME_LIMIT_S = 3600
+
+
+@shared_task(bind=True, ignore_result=True, acks_late=True, autoretry_for=(InferenceError,), retry_backoff=2,
+             retry_backoff_max=60, retry_jitter=True, max_retries=5, soft_time_limit=BATCH_TIME_LIMIT_S - 60,
+             time_limit=BATCH_TIME_LIMIT_S)
+def run_batch(self, job_id: str) -> None:
+    """Generate every item of a batch job, in order, writing each result under its index.
+
+    Safe to run again (a redelivery after a worker died, a retry): finished jobs return at once,
+    done items are skipped, and only one run may move the job to its final status. An
+    InferenceError (no endpoint answered) retries the task with exponential backoff; a
+    cancellation is seen between items."""
+    jobs = current_app.extensions["completion"]["batches"]
+    job = jobs.get(job_id)
+    if job is None or job["status"] in ("done", "failed", "cancelled"):
+        return
+    jobs.set(job_id, status="running", attempts=job.get("attempts", 0) + 1)
+    try:
+        _generate_items(jobs, job_id)
+    except InferenceError as exc:
+        if self.request.retries >= self.max_retries:           # the last try: the job fails, visibly
+            jobs.finish(job_id, "failed", error=f"inference unavailable: {exc}")
+        raise
+
+
+def _generate_items(jobs, job_id: str) -> None:
+    client = current_app.extensions["support_chat"]["services"].client
+    items, done = jobs.items(job_id), set(jobs.results(job_id))
+    for index, item in enumerate(items):
+        if index in done:
+            continue
+        if jobs.get(job_id)["status"] == "cancelled":
+            return
+        params = {"max_tokens": item.get("max_tokens", 128), "temperature": item.get("temperature", 0.0)}
+        if "messages" in item:
+            text = "".join(client.chat_stream(item["messages"], top_p=item.get("top_p", 1.0), **params))
+        else:
+            text = "".join(client.complete_stream(item["prompt"], top_p=item.get("top_p", 1.0), stop=item.get("stop") or [],
+                                                  seed=item.get("seed"), **params))
+        count = jobs.put_result(job_id, index, {"index": index, "text": text})
+        jobs.set(job_id, done=count)
+    jobs.finish(job_id, "done", done=len(items))
