@@ -21,8 +21,8 @@ def _key(tenant: str, sid: str, part: str) -> str:
 
 class RedisStore:
     def __init__(self, url: str, ttl: int = 7 * 24 * 3600):
-        import redis
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        from pipelines.redis_client import connect
+        self.r = connect(url)
         self.ttl = ttl
 
     def create(self, tenant: str) -> str:
@@ -152,8 +152,8 @@ class JobStore:
         self._lock = threading.Lock()
         self.r = None
         if url:
-            import redis
-            self.r = redis.Redis.from_url(url, decode_responses=True)
+            from pipelines.redis_client import connect
+            self.r = connect(url)
 
     def set(self, job_id: str, **fields) -> None:
         fields = {k: json.dumps(v) for k, v in fields.items()}

@@ -25,8 +25,8 @@ class CompletionCache:
         self.hits = self.forward_hits = self.misses = 0
         self.redis = None
         if redis_url:
-            import redis
-            self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+            from pipelines.redis_client import connect
+            self.redis = connect(redis_url)
 
     @staticmethod
     def _key(context: str, settings: str) -> str:

@@ -110,9 +110,9 @@ def make_breaker(name: str, policy: BreakerPolicy, redis_url: str | None = None,
     redis_url is set; every web worker of one deployment uses the same namespace."""
     storage = None
     if redis_url:
-        import redis
+        from pipelines.redis_client import connect
         # pybreaker's Redis storage wants bytes replies (no decode_responses)
-        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, redis.Redis.from_url(redis_url),
+        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, connect(redis_url, decode_responses=False),
                                                 namespace=f"{namespace}:{name}")
     return pybreaker.CircuitBreaker(fail_max=policy.fail_max, reset_timeout=policy.reset_timeout_s,
                                     state_storage=storage, name=name, listeners=[_LogStateChanges()],
