@@ -6,6 +6,11 @@ session (the lookup simply misses). Sessions expire `ttl` seconds after their la
     chat:{tenant}:{session}:meta      hash  status, created, handoff_summary
     chat:{tenant}:{session}:messages  list  JSON messages, oldest first
     chat:{tenant}:{session}:feedback  list  JSON feedback records
+    chat:{tenant}:{session}:op:{id}   str   index an append got (guards retries, expires with the session)
+
+Appends run as one Lua script guarded by a fresh operation id: a Redis connection that drops
+after the write but before the reply makes the client retry (pipelines/redis_client.py), and the
+retry then returns the first attempt's index instead of appending the message twice.
 """
 from __future__ import annotations
 
@@ -19,11 +24,25 @@ def _key(tenant: str, sid: str, part: str) -> str:
     return f"chat:{tenant}:{sid}:{part}"
 
 
+# KEYS: list to push to, the operation's guard key, keys to refresh the TTL of; ARGV: value, ttl
+_APPEND_ONCE = """
+local done = redis.call('GET', KEYS[2])
+if done then return tonumber(done) end
+local n = redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], n - 1, 'EX', ARGV[2])
+for i = 1, #KEYS do
+  if i ~= 2 then redis.call('EXPIRE', KEYS[i], ARGV[2]) end
+end
+return n - 1
+"""
+
+
 class RedisStore:
     def __init__(self, url: str, ttl: int = 7 * 24 * 3600):
         from pipelines.redis_client import connect
         self.r = connect(url)
         self.ttl = ttl
+        self._append_script = self.r.register_script(_APPEND_ONCE)
 
     def create(self, tenant: str) -> str:
         sid = secrets.token_urlsafe(16)
@@ -43,15 +62,14 @@ class RedisStore:
     def messages(self, tenant: str, sid: str) -> list[dict]:
         return [json.loads(m) for m in self.r.lrange(_key(tenant, sid, "messages"), 0, -1)]
 
+    def _append_once(self, tenant: str, sid: str, part: str, record: dict, also: tuple[str, ...] = ()) -> int:
+        op = _key(tenant, sid, f"op:{secrets.token_hex(8)}")
+        keys = [_key(tenant, sid, part), op, *(_key(tenant, sid, a) for a in also)]
+        return int(self._append_script(keys=keys, args=[json.dumps(record, ensure_ascii=False), self.ttl]))
+
     def append(self, tenant: str, sid: str, message: dict) -> int:
-        """Appends; returns the message's index."""
-        keys = [_key(tenant, sid, p) for p in ("meta", "messages")]
-        with self.r.pipeline() as p:
-            p.rpush(keys[1], json.dumps(message, ensure_ascii=False))
-            for k in keys:
-                p.expire(k, self.ttl)
-            n = p.execute()[0]
-        return n - 1
+        """Appends once (also across retries); returns the message's index."""
+        return self._append_once(tenant, sid, "messages", message, also=("meta",))
 
     def set_meta(self, tenant: str, sid: str, **fields: str) -> None:
         """Updates an existing session only (a late task must not revive an expired one)."""
@@ -67,11 +85,7 @@ class RedisStore:
                 p.execute()
 
     def add_feedback(self, tenant: str, sid: str, record: dict) -> None:
-        k = _key(tenant, sid, "feedback")
-        with self.r.pipeline() as p:
-            p.rpush(k, json.dumps(record, ensure_ascii=False))
-            p.expire(k, self.ttl)
-            p.execute()
+        self._append_once(tenant, sid, "feedback", record)
 
     def feedback(self, tenant: str, sid: str) -> list[dict]:
         return [json.loads(m) for m in self.r.lrange(_key(tenant, sid, "feedback"), 0, -1)]
@@ -193,7 +207,8 @@ class BatchStore(JobStore):
                     return existing
         payload = [json.dumps(i) for i in items]
         if self.r is not None:
-            with self.r.pipeline() as p:
+            with self.r.pipeline() as p:           # MULTI: DEL first, so a retried EXEC pushes no duplicates
+                p.delete(self._key(job_id, "items"))
                 p.rpush(self._key(job_id, "items"), *payload)
                 p.expire(self._key(job_id, "items"), self.ttl)
                 p.execute()
