@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,15 +13,11 @@ from pathlib import Path
 import requests
 
 from inference.shutdown import GracefulShutdown
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = {"X-Site-Key": "demo-site-key"}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sigterm_drains_the_stream_and_exits(tmp_path):

@@ -3,7 +3,6 @@ service on loopback; its HTTP API shows their series, and they move with traffic
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -16,15 +15,11 @@ from app import create_app
 from inference.online_engine import OnlineEngine
 from inference.server import ServerConfig
 from inference.server import create_app as create_inference_app
+from tests.net import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 KEY = {"X-Site-Key": "demo-site-key"}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(app) -> tuple[str, object]:

@@ -2,20 +2,18 @@
 (marked degraded), the breaker opens and /metrics shows it."""
 from __future__ import annotations
 
-import socket
 import time
 
 from app import create_app
 from pipelines.inference_client import HttpClient
 from pipelines.resilience import BreakerPolicy, Endpoint, FallbackClient, make_breaker
+from tests.net import free_port
 
 AUTH = {"Authorization": "Bearer demo-api-key"}
 
 
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def test_completion_degrades_to_an_empty_answer_and_the_breaker_shows(tmp_path):

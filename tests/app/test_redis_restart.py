@@ -3,7 +3,6 @@ backoff), sessions survive it (append-only file), and no request gets a 5xx."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -12,15 +11,11 @@ import pytest
 import redis
 
 from app import create_app
+from tests.net import free_port
 
 KEY = {"X-Site-Key": "demo-site-key"}
 REDIS = shutil.which("redis-server")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_redis(port: int, data_dir) -> subprocess.Popen:

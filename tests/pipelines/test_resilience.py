@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,15 +27,11 @@ from pipelines.resilience import (
     Timeouts,
     make_breaker,
 )
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = [{"role": "user", "content": "hello"}]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chain(primary, standby, fail_max=2, reset_s=0.5, redis_url=None, namespace="breaker"):
