@@ -18,7 +18,9 @@ DEVICE = "cuda" if CUDA else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1.5e-2}
 
 
-def case(m, n, k, bits, group, dtype, seed, tiles=None):
+def run_case(kernel, m, n, k, bits, group, dtype, seed, tiles):
+    """Relative error of kernel(x, codes, scales, zeros, bits, group_len, tiles=...) against the
+    fp32 reference on fresh random weights and inputs."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     w = torch.randn(n, k, generator=gen, device=DEVICE) * 0.05
     cfg = QuantConfig("rtn", bits, group)
@@ -26,10 +28,14 @@ def case(m, n, k, bits, group, dtype, seed, tiles=None):
     qweight = pack_int4(codes) if bits == 4 else codes
     x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
     gl = cfg.group_len(k)
-    out = quant_matmul(x, qweight, scales, zeros, bits, gl, tiles=tiles)
+    out = kernel(x, qweight, scales, zeros, bits, gl, tiles=tiles)
     ref = quant_matmul_reference(x, codes, scales, zeros, gl)
     assert out.shape == (m, n) and out.dtype == dtype and not out.isnan().any()
     return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def case(m, n, k, bits, group, dtype, seed, tiles=None):
+    return run_case(quant_matmul, m, n, k, bits, group, dtype, seed, tiles)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -83,16 +89,7 @@ def test_large_m_dequantize_path(bits, group):
 
 
 def gemv_case(m, n, k, bits, group, dtype, seed, tiles):
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    w = torch.randn(n, k, generator=gen, device=DEVICE) * 0.05
-    cfg = QuantConfig("rtn", bits, group)
-    codes, scales, zeros = quantize_rtn(w, cfg)
-    qweight = pack_int4(codes) if bits == 4 else codes
-    x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
-    out = quant_gemv(x, qweight, scales, zeros, bits, cfg.group_len(k), tiles=tiles)
-    ref = quant_matmul_reference(x, codes, scales, zeros, cfg.group_len(k))
-    assert out.shape == (m, n) and out.dtype == dtype and not out.isnan().any()
-    return float((out.float() - ref.float()).norm() / ref.float().norm())
+    return run_case(quant_gemv, m, n, k, bits, group, dtype, seed, tiles)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

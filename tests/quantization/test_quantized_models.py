@@ -183,6 +183,15 @@ def test_quantize_cli(tmp_path):
     assert not (tmp_path / "bad").exists(), "a bad argument must fail before anything is written"
 
 
+def kv_cache_kl(llm_fp32, kv_dtype) -> float:
+    """Mean KL of next-token distributions, full-precision cache vs a kv_dtype cache, on held-out text."""
+    model = llm_fp32.engine.runner.model
+    window = stdlib_windows(llm_fp32.get_tokenizer(), "eval", 1, 256)[0]
+    a = forward_logits(model, window).log_softmax(-1)
+    b = forward_logits(model, window, kv_dtype).log_softmax(-1)
+    return float((a.exp() * (a - b)).sum(-1).mean())
+
+
 def test_fp8_kv_cache(llm_fp32):
     from inference.attention import write_kv
     # saturates instead of NaN past e4m3's range, and reads back in the model's dtype
@@ -202,11 +211,7 @@ def test_fp8_kv_cache(llm_fp32):
     assert all(o.outputs[0].token_ids for o in outs)
     assert_all_blocks_free(fp8)
     # next-token distributions stay close to the full-precision cache on held-out text
-    model = llm_fp32.engine.runner.model
-    window = stdlib_windows(llm_fp32.get_tokenizer(), "eval", 1, 256)[0]
-    a = forward_logits(model, window).log_softmax(-1)
-    b = forward_logits(model, window, torch.float8_e4m3fn).log_softmax(-1)
-    kl = float((a.exp() * (a - b)).sum(-1).mean())
+    kl = kv_cache_kl(llm_fp32, torch.float8_e4m3fn)
     assert kl < 0.05, kl
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         LLM("smollm2", kv_cache_dtype="int4", **kw)
@@ -250,11 +255,7 @@ def test_int8_kv_cache_engine(llm_fp32):
                          SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
     assert [o.outputs[0].token_ids[:3] for o in outs] == [o.outputs[0].token_ids[:3] for o in want]
     assert_all_blocks_free(int8)
-    model = llm_fp32.engine.runner.model
-    window = stdlib_windows(llm_fp32.get_tokenizer(), "eval", 1, 256)[0]
-    a = forward_logits(model, window).log_softmax(-1)
-    b = forward_logits(model, window, torch.int8).log_softmax(-1)
-    kl = float((a.exp() * (a - b)).sum(-1).mean())
+    kl = kv_cache_kl(llm_fp32, torch.int8)
     assert 0 < kl < 0.02, kl
 
 
