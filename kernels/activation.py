@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_utils import grid_dependency_sync, pdl_options, use_pdl
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 1024
 
@@ -21,7 +23,9 @@ def _silu_and_mul_kernel(
     x_row_stride,
     I,  # noqa: E741  (the intermediate size, as in the papers)
     BLOCK: tl.constexpr,        # columns of the output per program
+    PDL: tl.constexpr,          # launched as a programmatic dependent launch (kernels/triton_utils.py)
 ):
+    grid_dependency_sync(PDL)
     row = tl.program_id(0).to(tl.int64)         # int64: row * stride may pass 2^31
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)   # [BLOCK]
     mask = cols < I
@@ -39,7 +43,7 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(xf[:, :i]) * xf[:, i:]).to(x.dtype)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     """x [T, 2I] (row stride may exceed 2I; last dim contiguous) -> new contiguous [T, I]."""
     if x.dim() != 2:
         raise ValueError(f"silu_and_mul: x must be 2-D [num_tokens, 2 * intermediate], got {list(x.shape)}")
@@ -56,5 +60,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(MAX_BLOCK, triton.next_power_of_2(i))
     grid = (num_tokens, triton.cdiv(i, block))
-    _silu_and_mul_kernel[grid](x, out, x.stride(0), i, BLOCK=block, num_warps=4)
+    pdl = use_pdl(x, pdl)
+    _silu_and_mul_kernel[grid](x, out, x.stride(0), i, BLOCK=block, PDL=pdl, num_warps=4, **pdl_options(pdl))
     return out

@@ -20,7 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import LOG2E, check_paged_attention_inputs, dot, dot_fp32
+from kernels.triton_utils import (
+    LOG2E,
+    check_paged_attention_inputs,
+    dot,
+    dot_fp32,
+    grid_dependency_sync,
+    pdl_options,
+    use_pdl,
+)
 
 
 @triton.jit
@@ -32,8 +40,9 @@ def _decode_split_kernel(
     stride_bt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
+    grid_dependency_sync(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -89,7 +98,9 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     PART_OUT, PART_LSE, OUT, stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    grid_dependency_sync(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, S_PAD)
@@ -124,7 +135,8 @@ SPLIT_CHOICES = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))   # 1, 2, 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                      num_splits: int = 1, out: torch.Tensor | None = None,
-                     block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                     block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+                     pdl: bool | None = None) -> torch.Tensor:
     """q [B, H, D], caches [NB, BS, Hkv, D], block_tables [B, max_blocks] int32, context_lens [B]
     int32 (each >= 1) -> out [B, H, D] in q's dtype. The new token's K/V must already be cached."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
@@ -142,6 +154,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if out is None:
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
     group = num_heads // num_kv_heads
+    pdl = use_pdl(q, pdl)
     if num_splits > 1:
         part_out = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -155,13 +168,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_FP32=dot_fp32(q),
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_FP32=dot_fp32(q), PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl_options(pdl))
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            S_PAD=triton.next_power_of_2(num_splits), num_warps=4)
+            S_PAD=triton.next_power_of_2(num_splits), PDL=pdl, num_warps=4, **pdl_options(pdl))
     return out
 
 

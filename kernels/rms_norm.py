@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_utils import grid_dependency_sync, pdl_options, use_pdl
+
 MAX_HIDDEN_SIZE = 65536         # one row must fit one block (registers); Llama-405B is 16384
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -28,7 +30,9 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,      # next_power_of_2(N)
+    PDL: tl.constexpr,          # launched as a programmatic dependent launch (kernels/triton_utils.py)
 ):
+    grid_dependency_sync(PDL)
     row = tl.program_id(0).to(tl.int64)         # int64: row * stride may pass 2^31
     cols = tl.arange(0, BLOCK_N)                # [BLOCK_N]
     mask = cols < N
@@ -74,7 +78,8 @@ def _check_rows(name: str, t: torch.Tensor, shape: tuple[int, int], dtype: torch
         raise ValueError(f"rms_norm: {name} last dim must be contiguous, got strides {t.stride()}")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             pdl: bool | None = None):
     """x [T, N] -> out [T, N] (new, contiguous, x.dtype).
 
     With residual [T, N]: one kernel computes s = x + residual, writes s into `residual` in place
@@ -111,6 +116,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         x, residual if residual is not None else x, weight, out,
         x.stride(0), residual.stride(0) if residual is not None else 0,
         n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps,
+        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, PDL=use_pdl(x, pdl), num_warps=num_warps,
+        **pdl_options(use_pdl(x, pdl)),
     )
     return out if residual is None else (out, residual)

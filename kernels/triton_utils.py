@@ -1,6 +1,9 @@
 """Small helpers shared by the Triton kernels."""
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -44,3 +47,55 @@ def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tens
         raise ValueError(f"{name}: the caches must be in q's dtype or float8_e4m3fn; "
                          f"got q {q.dtype}, cache {k_cache.dtype}/{v_cache.dtype}")
     return num_heads, head_dim, block_size, num_kv_heads
+
+
+# Programmatic dependent launch (Hopper+): a kernel launched with launch_pdl may start while the
+# kernel before it drains; its first act is to wait for that kernel's results (gdc_wait), then it
+# lets the next kernel launch (gdc_launch_dependents). In a CUDA graph of many short kernels this
+# hides much of each launch's ramp-up (bench/NOTES.md run 21).
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait   # noqa: F401 (used in jit code)
+    HAS_PDL = True
+except ImportError:                     # an older Triton: kernels launch the ordinary way
+    HAS_PDL = False
+
+
+@triton.jit
+def grid_dependency_wait(PDL: tl.constexpr):
+    """Before the kernel reads or writes anything an earlier kernel touches."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def grid_dependency_launch(PDL: tl.constexpr):
+    """From here the next kernel may launch (once every program of this one got here or exited)."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def grid_dependency_sync(PDL: tl.constexpr):
+    """Both, first thing: for one-wave kernels, whose successors can then launch at once."""
+    grid_dependency_wait(PDL)
+    grid_dependency_launch(PDL)
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_default(device_index: int) -> bool:
+    # KERNELS_PDL=0 turns it off (read once per device: an A/B switch for benchmarks and a way
+    # out should a driver mishandle it)
+    return (HAS_PDL and os.environ.get("KERNELS_PDL", "1") != "0"
+            and torch.cuda.get_device_capability(device_index)[0] >= 9)
+
+
+def use_pdl(t: torch.Tensor, pdl: bool | None = None) -> bool:
+    """pdl, or by default: on a CUDA device of compute capability >= 9 with a Triton that has it."""
+    if pdl is None:
+        return t.is_cuda and _pdl_default(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return bool(pdl)
+
+
+def pdl_options(pdl: bool) -> dict:
+    """Launch keyword arguments for a kernel taking PDL (only passed when on)."""
+    return {"launch_pdl": True} if pdl else {}

@@ -19,6 +19,7 @@ from inference.model_runner import num_kv_blocks
 from inference.models.triton_layers import use_triton_kernels
 from inference.sampling_params import SamplingParams
 from kernels.kv_cache import write_kv_cache_reference
+from kernels.rotary_kv_cache import rotary_kv_cache_reference
 from tests.conftest import assert_all_blocks_free
 
 CUDA = torch.cuda.is_available()
@@ -95,7 +96,8 @@ def test_fp8_kv_cache_matches_reference():
     # interpreter's fp32 -> fp8 cast misrounds next to powers of two (a GPU rounds as PyTorch; the
     # write kernel has its own test on e4m3-exact values), so there the cache write is PyTorch's.
     if not CUDA:
-        with patch("inference.models.triton_layers.write_kv_cache", write_kv_cache_reference):
+        with (patch("inference.models.triton_layers.write_kv_cache", write_kv_cache_reference),
+              patch("inference.models.triton_layers.rotary_kv_cache", rotary_kv_cache_reference)):
             return _fp8_kv_cache_matches_reference()
     _fp8_kv_cache_matches_reference()
 

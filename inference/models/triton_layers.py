@@ -3,9 +3,12 @@
 `use_triton_kernels(model)` is applied by the loader on CUDA (as `pack_linear_weights` is on the
 CPU); the model code itself has no device branches. The swapped layers:
 
+    nn.Linear         -> at one row (batch-1 decode), a Triton GEMV that streams the weight faster
+                         than cuBLAS does at M=1 (kernels/quant_gemv.py `gemv`); F.linear otherwise
     RMSNorm           -> fused residual-add + RMSNorm (one pass, residual updated in place)
     SiluAndMul        -> one kernel instead of silu, mul and a temporary
     RotaryEmbedding   -> in-place RoPE on the q/k part of the fused qkv output, from positions
+    LlamaAttention    -> RoPE and the KV-cache write in one kernel over the qkv rows
     PagedAttention    -> slot-mapped KV write + paged decode (split-K) and varlen prefill kernels
 """
 from __future__ import annotations
@@ -13,14 +16,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from inference.models.llama import LlamaForCausalLM, PagedAttention, RMSNorm, RotaryEmbedding, SiluAndMul
+from inference.models.llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+)
 from kernels.activation import silu_and_mul
 from kernels.decode_attention import decode_attention
 from kernels.kv_cache import write_kv_cache
 from kernels.prefill_attention import prefill_attention
+from kernels.quant_gemv import gemv
 from kernels.rms_norm import rms_norm
 from kernels.rotary import rotary_embedding
+from kernels.rotary_kv_cache import rotary_kv_cache, supports_cache
 
 
 @dataclass
@@ -35,6 +49,13 @@ class KernelAttentionMetadata:
     prefill_query_start: torch.Tensor | None = None   # [P + 1] int32, offsets after the decodes
     prefill_context_lens: torch.Tensor | None = None  # [P] int32, cached + new tokens
     max_query_len: int = 0
+
+
+class TritonLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] == 1 and self.bias is None and x.dtype == self.weight.dtype:
+            return gemv(x, self.weight)                                   # [1, out]
+        return F.linear(x, self.weight, self.bias)
 
 
 class TritonRMSNorm(RMSNorm):
@@ -64,9 +85,27 @@ class TritonRotaryEmbedding(RotaryEmbedding):
         return TritonRope(positions, self.cos_sin)
 
 
+class TritonLlamaAttention(LlamaAttention):
+    def forward(self, x, rope, k_cache, v_cache, meta):
+        if not (isinstance(rope, TritonRope) and supports_cache(k_cache)):
+            return super().forward(x, rope, k_cache, v_cache, meta)
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj.forward(x).view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # q and k rotated in place, rotated k and v into their cache slots: one kernel
+        rotary_kv_cache(rope.positions, qkv, rope.cos_sin, k_cache, v_cache, meta.slot_mapping,
+                        self.num_heads, self.num_kv_heads)
+        q, k, v = qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), dim=1)
+        out = self.attn.attend(q, k, v, k_cache, v_cache, meta)            # [T, H, D]
+        return self.o_proj.forward(out.reshape(num_tokens, self.q_size))
+
+
 class TritonPagedAttention(PagedAttention):
     def forward(self, q, k, v, k_cache, v_cache, meta: KernelAttentionMetadata) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k, v, k_cache, v_cache, meta)
+
+    def attend(self, q, k, v, k_cache, v_cache, meta: KernelAttentionMetadata) -> torch.Tensor:
+        """Attention of q [T, H, D] over the cache, whose slots for this step are written already."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)          # [T, H, D]
         nd = meta.num_decodes
         if nd:
@@ -83,8 +122,8 @@ class TritonPagedAttention(PagedAttention):
         return out
 
 
-_SWAPS = {RMSNorm: TritonRMSNorm, SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
-          RotaryEmbedding: TritonRotaryEmbedding}
+_SWAPS = {nn.Linear: TritonLinear, RMSNorm: TritonRMSNorm, SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
+          RotaryEmbedding: TritonRotaryEmbedding, LlamaAttention: TritonLlamaAttention}
 
 
 def use_triton_kernels(model: LlamaForCausalLM) -> None:

@@ -17,12 +17,14 @@ from kernels.activation import silu_and_mul, silu_and_mul_reference
 from kernels.kv_cache import write_kv_cache, write_kv_cache_reference
 from kernels.rms_norm import rms_norm, rms_norm_reference
 from kernels.rotary import rotary_embedding, rotary_reference
+from kernels.rotary_kv_cache import rotary_kv_cache, rotary_kv_cache_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+FP8 = torch.float8_e4m3fn
 # Kernel output vs the fp32-math reference cast to the same dtype: both round nearly the same fp32
 # value, so they differ by at most ~1 ulp (bf16 ulp is 2^-8..2^-7 relative, fp16 2^-11..2^-10).
 TOL = {
@@ -389,3 +391,105 @@ def test_bad_inputs_raise_value_error(name):
     call, message = BAD_INPUTS[name]
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# --- RoPE + KV-cache write in one kernel ---------------------------------------------------------
+
+def _check_rotary_kv_cache(num_tokens, num_heads, num_kv_heads, head_dim, block_size, dtype, cache_dtype,
+                           num_padding, max_pos=64):
+    """The fused kernel against the unfused reference (rotary_reference, then the cache write), on
+    qkv rows with padding after each token (a wider token stride) and a cache prefilled with a
+    sentinel: q/k rotated in place, v untouched, the pad untouched, only the tokens' slots written."""
+    gen = _gen("rope-kv", num_tokens, num_heads, num_kv_heads, head_dim, block_size, dtype, cache_dtype, num_padding)
+    cache = _cos_sin_cache(max_pos, head_dim)
+    positions = torch.randint(0, max_pos, (num_tokens,), generator=gen, device=DEVICE)
+    positions[0] = max_pos - 1
+    rows = num_heads + 2 * num_kv_heads
+    if cache_dtype == FP8 and INTERPRETED:
+        # on the e4m3 grid, so v's cast is exact (the interpreter's fp32 -> fp8 rounding is wrong)
+        buf = (torch.randint(0, 256, (num_tokens, rows * head_dim + 8), generator=gen, device=DEVICE,
+                             dtype=torch.uint8).view(FP8).float().nan_to_num(0.0).to(dtype))
+    else:
+        buf = _randn((num_tokens, rows * head_dim + 8), dtype, gen, scale=60.0 if cache_dtype == FP8 else 1.0)
+    qkv = buf[:, :rows * head_dim].view(num_tokens, rows, head_dim)   # [T, H + 2 Hkv, D], token stride + 8
+    if cache_dtype == FP8:
+        qkv[:, num_heads + num_kv_heads, :2] = torch.tensor([1000.0, -1e4], dtype=dtype)   # saturate, not NaN
+    num_blocks = -(-num_tokens // block_size) + 2
+    num_slots = num_blocks * block_size
+    slot_mapping = torch.randperm(num_slots, generator=gen, device=DEVICE)[:num_tokens]
+    slot_mapping[torch.randperm(num_tokens, generator=gen, device=DEVICE)[:num_padding]] = -1
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    if cache_dtype == FP8:
+        k_cache, v_cache = (torch.zeros(shape, dtype=FP8, device=DEVICE) for _ in range(2))
+    else:
+        k_cache, v_cache = (torch.full(shape, SENTINEL, dtype=cache_dtype, device=DEVICE) for _ in range(2))
+    expected_buf, k_expected, v_expected = buf.clone(), k_cache.clone(), v_cache.clone()
+    expected_qkv = expected_buf[:, :rows * head_dim].view(num_tokens, rows, head_dim)
+    rotary_kv_cache_reference(positions, expected_qkv, cache, k_expected, v_expected, slot_mapping,
+                              num_heads, num_kv_heads)
+
+    assert rotary_kv_cache(positions, qkv, cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads) is None
+
+    assert torch.equal(buf[:, rows * head_dim:], expected_buf[:, rows * head_dim:])          # row pad
+    assert torch.equal(qkv[:, num_heads + num_kv_heads:], expected_qkv[:, num_heads + num_kv_heads:])   # v
+    _assert_close(qkv[:, :num_heads + num_kv_heads], expected_qkv[:, :num_heads + num_kv_heads], TOL[dtype])
+    if cache_dtype == FP8:
+        # bytes equal to PyTorch's saturating cast; the rotated k only on the GPU, as its values are
+        # off the e4m3 grid, where the interpreter's cast misrounds
+        assert torch.equal(v_cache.view(torch.uint8), v_expected.view(torch.uint8))
+        if not INTERPRETED:
+            # the rotation's fp32 rounding (FMA or not) may tip a bf16 k, and so its e4m3 code, by
+            # one step: close within one e4m3 step (2^-3 relative), and rarely off at all
+            k_out, k_ref = k_cache.float(), k_expected.float()
+            torch.testing.assert_close(k_out, k_ref, rtol=2 ** -3, atol=2 ** -9)
+            assert (k_out != k_ref).float().mean() < 0.01
+        assert v_cache.float().isfinite().all() and v_cache.float().abs().max() == 448   # saturated
+        return
+    written = torch.zeros(num_slots, dtype=torch.bool, device=DEVICE)
+    written[slot_mapping[slot_mapping >= 0]] = True
+    for out, ref in ((k_cache, k_expected), (v_cache, v_expected)):
+        flat = out.view(num_slots, num_kv_heads, head_dim)
+        assert (flat[~written] == SENTINEL).all()
+    # v is copied exactly; k is the rotated value, within the rotation's rounding
+    _assert_close(v_cache, v_expected, EXACT if dtype == cache_dtype else EXACT_OR_INTERP_ULP[cache_dtype])
+    _assert_close(k_cache, k_expected, TOL[dtype])        # rounded to qkv's dtype on both sides
+    # and the cached k is exactly the k the kernel left in qkv (the attention reads either)
+    valid = slot_mapping >= 0
+    if dtype == cache_dtype:
+        cached_k = k_cache.view(num_slots, num_kv_heads, head_dim)[slot_mapping[valid]]
+        assert torch.equal(cached_k, qkv[valid, num_heads:num_heads + num_kv_heads])
+
+
+@pytest.mark.parametrize("dtype, cache_dtype", [(FP32, FP32), (BF16, BF16), (FP16, FP16), (BF16, FP32)])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(4, 2, 16), (3, 3, 64), (8, 1, 32)])
+@pytest.mark.parametrize("num_tokens, num_padding", [(1, 0), (5, 2)])
+def test_rotary_kv_cache(num_tokens, num_padding, num_heads, num_kv_heads, head_dim, dtype, cache_dtype):
+    _check_rotary_kv_cache(num_tokens, num_heads, num_kv_heads, head_dim, 4, dtype, cache_dtype, num_padding)
+
+
+def test_rotary_kv_cache_fp8_and_many_heads():
+    _check_rotary_kv_cache(6, 4, 2, 32, 4, BF16, FP8, num_padding=1)
+    # 16 + 2 x 8 heads of 128 span two programs of 16 heads: k and v rows in the second one
+    _check_rotary_kv_cache(3, 16, 8, 128, 16, BF16, BF16, num_padding=1, max_pos=300)
+
+
+def test_rotary_kv_cache_bad_inputs():
+    qkv = torch.zeros(2, 8, 16, device=DEVICE)
+    cache = torch.zeros(2, 4, 2, 16, device=DEVICE)
+    pos = torch.zeros(2, dtype=torch.long, device=DEVICE)
+    table = _cos_sin_cache(4, 16)
+    with pytest.raises(ValueError, match="heads"):
+        rotary_kv_cache(pos, qkv, table, cache, cache.clone(), pos, 3, 2)
+    with pytest.raises(ValueError, match="packed"):
+        rotary_kv_cache(pos, torch.zeros(2, 8, 32, device=DEVICE)[..., :16], table, cache, cache.clone(), pos, 4, 2)
+    with pytest.raises(ValueError, match="int64"):
+        rotary_kv_cache(pos.int(), qkv, table, cache, cache.clone(), pos, 4, 2)
+
+
+@pytest.mark.parametrize("num_tokens, num_padding", [(1, 0), (4096, 100)])
+@pytest.mark.gpu
+@requires_cuda
+def test_rotary_kv_cache_real_size(num_tokens, num_padding):
+    _check_rotary_kv_cache(num_tokens, 32, 32, 128, 16, BF16, BF16, num_padding, max_pos=8192)
+    _check_rotary_kv_cache(num_tokens, 32, 8, 128, 16, BF16, BF16, num_padding, max_pos=8192)
+    _check_rotary_kv_cache(num_tokens, 32, 8, 128, 16, BF16, FP8, num_padding, max_pos=8192)

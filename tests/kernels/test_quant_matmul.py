@@ -10,7 +10,7 @@ import torch
 
 from inference.quantization.config import QuantConfig
 from inference.quantization.int_quant import pack_int4, quantize_rtn
-from kernels.quant_gemv import GEMV_MAX_ROWS, quant_gemv
+from kernels.quant_gemv import GEMV_MAX_ROWS, gemv, quant_gemv
 from kernels.quant_matmul import choose_tiles, quant_matmul, quant_matmul_reference
 
 CUDA = torch.cuda.is_available()
@@ -118,3 +118,54 @@ def test_few_rows_take_the_gemv():
 @pytest.mark.parametrize("n,k", [(4096, 4096), (22016, 4096), (4096, 11008)])
 def test_gemv_real_shapes(bits, group, m, n, k):
     assert gemv_case(m, n, k, bits, group, torch.bfloat16, seed=m + n + k + bits, tiles=None) < TOL[torch.bfloat16]
+
+
+@pytest.fixture
+def nan_filled_empty():
+    """torch.empty returns NaN-filled memory, so an output element a kernel never writes fails."""
+    was_on, was_filling = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.utils.deterministic.fill_uninitialized_memory = was_filling
+    torch.use_deterministic_algorithms(was_on)
+
+
+@pytest.mark.usefixtures("nan_filled_empty")
+@pytest.mark.parametrize("m,n,k,tiles", [(1, 40, 128, (16, 64)), (3, 24, 96, (16, 64)), (2, 5, 200, (4, 128)),
+                                         (1, 7, 1000, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_gemv(m, n, k, tiles, dtype):
+    assert torch.isnan(torch.empty(4, device=DEVICE)).all()
+    gen = torch.Generator(device=DEVICE).manual_seed(m * 100 + n + k)
+    w = (torch.randn(n, k, generator=gen, device=DEVICE) * 0.05).to(dtype)
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
+    out = gemv(x, w, tiles=tiles)
+    ref = (x.float() @ w.float().t()).to(dtype)
+    assert out.shape == (m, n) and not out.isnan().any()
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[dtype]
+
+
+def test_gemv_bad_inputs():
+    x = torch.randn(1, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="weight"):
+        gemv(x, torch.randn(8, 32, device=DEVICE))
+    with pytest.raises(ValueError, match="weight"):
+        gemv(x, torch.randn(8, 64, device=DEVICE).to(torch.bfloat16))          # dtypes differ
+    with pytest.raises(ValueError, match="contiguous"):
+        gemv(x, torch.randn(64, 8, device=DEVICE).t())
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.gpu
+@pytest.mark.usefixtures("nan_filled_empty")
+@pytest.mark.parametrize("n,k", [(4096, 4096), (12288, 4096), (22016, 4096), (4096, 11008), (32000, 4096)])
+def test_plain_gemv_real_shapes(n, k):
+    gen = torch.Generator(device=DEVICE).manual_seed(n + k)
+    w = (torch.randn(n, k, generator=gen, device=DEVICE) * 0.05).bfloat16()
+    x = torch.randn(1, k, generator=gen, device=DEVICE).bfloat16()
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    for pdl in (False, True):
+        out = gemv(x, w, pdl=pdl)
+        assert not out.isnan().any()
+        assert float((out.float() - ref).norm() / ref.norm()) < TOL[torch.bfloat16]
