@@ -24,14 +24,20 @@ from app.completion import bp as completion_bp
 from app.completion import init_completion
 from app.jobs import bp as jobs_bp
 from app.limits import init_limits
+from app.schemas import METRICS, Status
 from app.services import ChatServices
 from app.store import MemoryStore, RedisStore
 from app.tasks import celery_init_app
 from app.tenants import TenantRegistry
+from inference.openapi import build_spec, documented
 from monitoring.reliability_metrics import ReliabilityCollector
 from monitoring.web_metrics import WebMetrics
 
 KB_DIR_DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "kb"
+SECURITY_SCHEMES = {"siteKey": {"type": "apiKey", "in": "header", "name": "X-Site-Key",
+                                "description": "the tenant's site key (configs/tenants.yaml)"},
+                    "apiKey": {"type": "http", "scheme": "bearer",
+                               "description": "a tenant's API key (stored hashed in configs/tenants.yaml)"}}
 
 
 def create_app(config: dict | None = None, client=None) -> Flask:
@@ -91,10 +97,20 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         return send_from_directory(kb_dir, name, mimetype="text/markdown; charset=utf-8")
 
     @app.get("/healthz")
+    @documented(responses={200: Status}, tags=("operations",))
     def healthz():
+        """Liveness."""
         return jsonify({"status": "ok"})
 
+    @app.get("/openapi.json")
+    def openapi():
+        """This document, generated from the routes and their pydantic models (app/schemas.py)."""
+        return jsonify(build_spec(app, title="Support chat and code completion", version="1",
+                                  security_schemes=SECURITY_SCHEMES,
+                                  default_security={"/api/chat/": ("siteKey",), "/v1/": ("apiKey",)}))
+
     @app.get("/metrics")
+    @documented(responses={200: METRICS}, tags=("operations",))
     def metrics():
         """The web tier's Prometheus metrics: requests, chat, completion, fallback chain."""
         body, content_type = web_metrics.render()

@@ -27,7 +27,21 @@ from flask import (
     stream_with_context,
 )
 
+from app.schemas import (
+    CHAT_STREAM,
+    ChatReplyOut,
+    Error,
+    FeedbackIn,
+    MessageIn,
+    Ok,
+    SessionCreated,
+    SessionPath,
+    SessionView,
+    Status,
+    error_responses,
+)
 from filters.pii import redact_pii
+from inference.openapi import documented
 from pipelines.support_chat import ChatReply, MessageTooLong
 
 log = logging.getLogger(__name__)
@@ -98,14 +112,22 @@ def _session(sid: str) -> str:
     return sid
 
 
+_ERRORS = error_responses(Error, 401, 403, 429)          # every route: site key, origin, rate limit
+_IN_SESSION = {**_ERRORS, **error_responses(Error, 400, 404, 413)}
+
+
 @bp.post("/sessions")
+@documented(responses={201: SessionCreated, **_ERRORS, 413: Error}, tags=("chat",))
 def create_session():
+    """Start a conversation."""
     sid = _ext()["store"].create(g.tenant.tenant.tenant_id)
     return jsonify({"session_id": sid}), 201
 
 
 @bp.get("/sessions/<sid>")
+@documented(path=SessionPath, responses={200: SessionView, **_IN_SESSION}, tags=("chat",))
 def get_session(sid: str):
+    """The conversation so far and its status."""
     tid = g.tenant.tenant.tenant_id
     store = _ext()["store"]
     _session(sid)
@@ -115,7 +137,9 @@ def get_session(sid: str):
 
 
 @bp.post("/sessions/<sid>/messages")
+@documented(path=SessionPath, body=MessageIn, responses={200: (ChatReplyOut, CHAT_STREAM), **_IN_SESSION}, tags=("chat",))
 def post_message(sid: str):
+    """Send the customer's message; the reply as JSON, or streamed as server-sent events."""
     tid = g.tenant.tenant.tenant_id
     store, services = _ext()["store"], _ext()["services"]
     _session(sid)
@@ -187,7 +211,9 @@ def post_message(sid: str):
 
 
 @bp.post("/sessions/<sid>/feedback")
+@documented(path=SessionPath, body=FeedbackIn, responses={200: Ok, **_IN_SESSION}, tags=("chat",))
 def feedback(sid: str):
+    """Thumbs up or down on an assistant message."""
     tid = g.tenant.tenant.tenant_id
     store = _ext()["store"]
     _session(sid)
@@ -208,7 +234,9 @@ def feedback(sid: str):
 
 
 @bp.post("/sessions/<sid>/handoff")
+@documented(path=SessionPath, responses={200: Status, **_IN_SESSION}, tags=("chat",))
 def handoff(sid: str):
+    """Ask for a human agent."""
     tid = g.tenant.tenant.tenant_id
     _session(sid)
     _start_handoff(tid, sid)

@@ -24,6 +24,23 @@ from pathlib import Path
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
+from app.schemas import (
+    COMPLETION_STREAM,
+    METRICS,
+    ApiError,
+    CompletionIn,
+    CompletionOut,
+    Empty,
+    EventIn,
+    HealthOut,
+    JobPath,
+    RepositoryIn,
+    RepositoryJob,
+    RepositoryQueued,
+    error_responses,
+)
+from app.tenants import hash_api_key
+from inference.openapi import documented
 from pipelines.completion import (
     CompletionCache,
     CompletionService,
@@ -31,11 +48,11 @@ from pipelines.completion import (
     parse_tabby,
     service_for,
 )
-from app.tenants import hash_api_key
 from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
 EVENT_TYPES = ("view", "select", "dismiss")
+API_ERRORS = error_responses(ApiError, 400, 401, 413, 429)      # every authenticated route
 
 
 class CompletionStats:
@@ -108,7 +125,9 @@ def _service() -> CompletionService:
 
 
 @bp.post("/completions")
+@documented(body=CompletionIn, responses={200: (CompletionOut, COMPLETION_STREAM), **API_ERRORS}, tags=("completion",))
 def completions():
+    """Complete the code at the cursor (an empty completion, fast, when inference is down)."""
     t0 = time.perf_counter()
     body = _json_object()
     if body is None:
@@ -171,7 +190,9 @@ def _respond(req, tabby: bool, completion_id: str, texts: list[str], usage: tupl
 
 
 @bp.post("/events")
+@documented(body=EventIn, responses={200: Empty, **API_ERRORS}, tags=("completion",))
 def events():
+    """Report what the editor did with a completion (shown, accepted, dismissed)."""
     body = _json_object()
     if body is None:
         return _error(400, "request body must be a JSON object")
@@ -193,6 +214,7 @@ def events():
 
 
 @bp.get("/metrics")
+@documented(responses={200: METRICS}, security=(), tags=("completion",))
 def metrics():
     """The same as the app's /metrics (kept where the completion API's clients look)."""
     body, content_type = current_app.extensions["web_metrics"].render()
@@ -200,12 +222,15 @@ def metrics():
 
 
 @bp.get("/health")
+@documented(responses={200: HealthOut}, security=(), tags=("completion",))
 def health():
+    """The server's model and device."""
     return jsonify({"model": _model_name(), "device": "cpu", "arch": platform.machine(), "cpu_info": platform.processor(),
                     "cpu_count": os.cpu_count(), "cuda_devices": [], "version": {"build_date": "", "git_sha": ""}})
 
 
 @bp.post("/repositories")
+@documented(body=RepositoryIn, responses={202: RepositoryQueued, 403: ApiError, **API_ERRORS}, tags=("completion",))
 def index_repository():
     """Start indexing a repository folder (a Celery job): {"name", "path"} -> 202 {"job_id"}."""
     body = _json_object()
@@ -214,8 +239,8 @@ def index_repository():
     name, path = body.get("name"), body.get("path")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         return _error(400, "name: required, a string (the repository's name or git_url)")
-    if not isinstance(path, str) or not path:
-        return _error(400, "path: required, a folder on the server")
+    if not isinstance(path, str) or not path or "\x00" in path:
+        return _error(400, "path: required, a folder on the server (no NUL characters)")
     real = Path(path).resolve()
     roots = [Path(r).resolve() for r in current_app.config["COMPLETION_REPO_ROOTS"]]
     if not any(real == r or r in real.parents for r in roots):
@@ -231,7 +256,9 @@ def index_repository():
 
 
 @bp.get("/repositories/<job_id>")
+@documented(path=JobPath, responses={200: RepositoryJob, 404: ApiError, **API_ERRORS}, tags=("completion",))
 def repository_job(job_id: str):
+    """The state of a repository indexing job."""
     job = _ext()["jobs"].get(job_id) if len(job_id) <= 64 else None
     if job is None:
         return _error(404, "unknown job")
@@ -247,8 +274,8 @@ def init_completion(app) -> None:
     roots = os.environ.get("COMPLETION_REPO_ROOTS", str(Path(__file__).resolve().parent.parent))
     app.config.setdefault("COMPLETION_REPO_ROOTS", [r for r in roots.split(os.pathsep) if r])
     from app.store import BatchStore, JobStore
-    from pipelines.completion import Languages
     from monitoring.completion_metrics import CompletionMetrics
+    from pipelines.completion import Languages
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),
                                     "metrics": CompletionMetrics(app.extensions["web_metrics"].metric_registry),
                                     "jobs": JobStore(app.config.get("REDIS_URL")),

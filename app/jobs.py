@@ -20,11 +20,22 @@ import uuid
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from app.completion import _auth, _error
+from app.completion import API_ERRORS, _auth, _error
+from app.schemas import (
+    JSONL,
+    ApiError,
+    BatchIn,
+    IdempotencyHeader,
+    JobCancelled,
+    JobPath,
+    JobView,
+)
+from inference.openapi import documented
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 bp.before_request(_auth)
 MAX_ITEMS = 1000
+MAX_SEED = 2**63 - 2                    # SamplingParams wants seed + n - 1 < 2**63; items sample once
 MAX_PROMPT_CHARS = 16000
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _ROLES = {"system", "user", "assistant"}
@@ -56,7 +67,7 @@ def _check_item(i: int, item) -> dict:
               "temperature": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 2,
               "top_p": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
               "stop": lambda v: isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v),
-              "seed": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63}
+              "seed": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED}
     for name, ok in checks.items():
         if name in item and not ok(item[name]):
             raise ValueError(f"{where}.{name}: out of range or of the wrong type")
@@ -79,8 +90,14 @@ def _items() -> list:
     return body["requests"]
 
 
+_IN_JOB = {404: ApiError, **API_ERRORS}
+
+
 @bp.post("")
+@documented(body=BatchIn, extra_bodies=(JSONL,), headers=IdempotencyHeader,
+            responses={200: JobView, 202: JobView, **API_ERRORS}, tags=("jobs",))
 def submit():
+    """Submit a batch of prompts or chat requests (JSON, or JSONL with one item per line)."""
     key = request.headers.get("Idempotency-Key")
     if key is not None and not 0 < len(key) <= 200:
         return _error(400, "Idempotency-Key: 1 to 200 characters")
@@ -120,13 +137,17 @@ def _unknown(_exc):
 
 
 @bp.get("/<job_id>")
+@documented(path=JobPath, responses={200: JobView, **_IN_JOB}, tags=("jobs",))
 def status(job_id: str):
+    """A job's progress."""
     _job(job_id)
     return jsonify(_view(job_id))
 
 
 @bp.get("/<job_id>/results")
+@documented(path=JobPath, responses={200: JSONL, 409: ApiError, **_IN_JOB}, tags=("jobs",))
 def results(job_id: str):
+    """The results, one {"index", "text"} line per item, once the job is done."""
     job = _job(job_id)
     if job["status"] != "done":
         return _error(409, f"job is {job['status']}: results come when it is done")
@@ -136,7 +157,9 @@ def results(job_id: str):
 
 
 @bp.post("/<job_id>/cancel")
+@documented(path=JobPath, responses={200: JobCancelled, 409: ApiError, **_IN_JOB}, tags=("jobs",))
 def cancel(job_id: str):
+    """Stop a queued or running job (done items keep their results)."""
     job = _job(job_id)
     if not _store().finish(job_id, "cancelled"):
         return _error(409, f"job is already {job['status']}")

@@ -15,16 +15,40 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from inference.engine import check_messages
 from inference.online_engine import OnlineEngine, RequestStream
-from inference.openai_protocol import (APIError, ParsedRequest, chat_logprobs, completion_logprobs, parse_chat,
-                                       parse_completion, usage)
+from inference.openai_protocol import (
+    APIError,
+    ParsedRequest,
+    chat_logprobs,
+    completion_logprobs,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from inference.openai_schemas import (
+    CHAT_STREAM,
+    COMPLETION_STREAM,
+    METRICS,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ErrorResponse,
+    HealthStatus,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from inference.openapi import build_spec, documented
 from inference.outputs import StreamDelta
 
 log = logging.getLogger(__name__)
@@ -82,6 +106,10 @@ class EngineHolder:
 
 
 bp = Blueprint("openai", __name__)
+# every /v1 route: a bad body or key, an unknown model, a full queue, a body over the limit, no engine
+_ERRORS = {s: ErrorResponse for s in (400, 401, 404, 413, 429, 503)}
+_SECURITY = {"bearer": {"type": "http", "scheme": "bearer",
+                        "description": "one of the service's --api-key values (none configured: no auth)"}}
 
 
 def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) -> Flask:
@@ -95,6 +123,14 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
                                    "holder": EngineHolder(engine_loader, lambda e: e.add_stats_listener(metrics.observe)),
                                    "embedder": None, "embedder_lock": threading.Lock()}
     app.register_blueprint(bp)
+
+    @app.get("/openapi.json")
+    def openapi():
+        """This document, generated from the routes and their pydantic models (inference/openai_schemas.py)."""
+        spec = build_spec(app, title="Inference service (OpenAI-compatible)", version="1",
+                          security_schemes=_SECURITY if config.api_keys else None,
+                          default_security={"/v1/": ("bearer",), "/tokenize": ("bearer",)} if config.api_keys else None)
+        return _json(spec)
 
     @app.errorhandler(APIError)
     def _api_error(exc: APIError):
@@ -137,7 +173,9 @@ def _authenticate() -> None:
 
 
 @bp.get("/health")
+@documented(responses={200: HealthStatus, 503: HealthStatus})
 def health():
+    """Liveness: 503 once the engine loop has died or the model failed to load."""
     holder = _ctx()["holder"]
     if holder.error is not None or (holder.engine is not None and not holder.engine.is_alive()):
         return _json({"status": "unhealthy"}, 503)
@@ -145,26 +183,32 @@ def health():
 
 
 @bp.get("/ready")
+@documented(responses={200: HealthStatus, 503: HealthStatus})
 def ready():
+    """Readiness: 200 once the model is loaded and the engine loop runs."""
     if _ctx()["holder"].ready():
         return _json({"status": "ready"})
     return _json({"status": "loading" if _ctx()["holder"].error is None else "failed"}, 503)
 
 
 @bp.get("/metrics")
+@documented(responses={200: METRICS}, summary="Prometheus metrics")
 def metrics():
     body, content_type = _ctx()["metrics"].render(ready=_ctx()["holder"].ready())
     return Response(body, mimetype=None, content_type=content_type)
 
 
 @bp.get("/v1/models")
+@documented(responses={200: ModelList, 401: ErrorResponse, 503: ErrorResponse})
 def models():
+    """The served model."""
     engine, name = _ctx()["holder"].get(), _ctx()["config"].served_model_name
     return _json({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                               "owned_by": "support-inference", "max_model_len": engine.max_model_len}]})
 
 
 @bp.post("/v1/embeddings")
+@documented(body=EmbeddingRequest, responses={200: EmbeddingResponse, **_ERRORS})
 def embeddings():
     """OpenAI's embeddings API over the sentence embedder (all-MiniLM-L6-v2), loaded on first use."""
     from inference.embeddings import EMBEDDING_MODEL, check_inputs
@@ -187,11 +231,14 @@ def embeddings():
 
 
 @bp.post("/tokenize")
+@documented(body=TokenizeRequest, responses={200: TokenizeResponse, **_ERRORS})
 def tokenize():
     """vLLM's /tokenize: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}."""
     body, engine = _body(), _ctx()["holder"].get()
     if not isinstance(body, dict) or not (isinstance(body.get("prompt"), str) or "messages" in body):
         raise APIError(400, "tokenize: send {'prompt': str} or {'messages': [...]}")
+    if body.get("prompt") is not None and not isinstance(body["prompt"], str):
+        raise APIError(400, "'prompt' must be a string", "prompt")
     try:
         if "messages" in body:
             check_messages(body["messages"])
@@ -213,12 +260,16 @@ def _embedder():
 
 
 @bp.post("/v1/completions")
+@documented(body=CompletionRequest, responses={200: (CompletionResponse, COMPLETION_STREAM), **_ERRORS})
 def completions():
+    """OpenAI's completions API (JSON, or server-sent events with stream: true)."""
     return _serve(parse_completion(_body()))
 
 
 @bp.post("/v1/chat/completions")
+@documented(body=ChatCompletionRequest, responses={200: (ChatCompletionResponse, CHAT_STREAM), **_ERRORS})
 def chat_completions():
+    """OpenAI's chat completions API (JSON, or server-sent events with stream: true)."""
     return _serve(parse_chat(_body()))
 
 

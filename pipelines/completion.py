@@ -26,6 +26,7 @@ from pipelines.completion_cache import CompletionCache
 from pipelines.inference_client import InferenceClient, InferenceError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+MAX_SEED = 2**63 - 1 - 4              # SamplingParams seeds sample i with seed + i, and n <= 4 here
 MAX_SEGMENT_CHARS = 200_000
 FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend          # longer segments are cut before tokenising (then to the budget)
 
@@ -106,7 +107,7 @@ def parse_tabby(body: dict) -> CompletionRequest:
         prefix=prefix[-MAX_SEGMENT_CHARS:], suffix=(_str(segments, "suffix", "", "segments.") or "")[:MAX_SEGMENT_CHARS],
         language=(_str(body, "language", "generic") or "generic").lower(), filepath=_str(segments, "filepath"),
         user=_str(body, "user"), snippets=snippets, repository=_str(segments, "git_url", where="segments."),
-        temperature=_number(body, "temperature", 0.2, 0.0, 2.0), seed=_number(body, "seed", None, 0, 2**63 - 1, True))
+        temperature=_number(body, "temperature", 0.2, 0.0, 2.0), seed=_number(body, "seed", None, 0, MAX_SEED, True))
 
 
 def parse_openai(body: dict) -> CompletionRequest:
@@ -130,7 +131,7 @@ def parse_openai(body: dict) -> CompletionRequest:
         filepath=_str(body, "filepath"),
         temperature=_number(body, "temperature", 0.2, 0.0, 2.0), top_p=_number(body, "top_p", 0.95, 1e-6, 1.0),
         max_tokens=_number(body, "max_tokens", 128, 1, 512, True), stop=stop,
-        n=_number(body, "n", 1, 1, 4, True), seed=_number(body, "seed", None, 0, 2**63 - 1, True), stream=stream,
+        n=_number(body, "n", 1, 1, 4, True), seed=_number(body, "seed", None, 0, MAX_SEED, True), stream=stream,
         repository=_str(body, "repository"))
 
 
@@ -328,6 +329,8 @@ class CompletionService:
     def _complete(self, rid: str, req: CompletionRequest, event: threading.Event) -> CompletionResult:
         context, suffix, stops = self._context(req)
         prompt = self.template.render(context, suffix)
+        if not prompt:         # an empty file: nothing to complete from (and not an inference failure)
+            return CompletionResult(rid, [""] * req.n)
         # the cache key is what precedes the cursor; everything else must match exactly, so that
         # typing the start of a suggestion extends the key ("forward" hit)
         settings = (f"{req.temperature}|{req.top_p}|{req.max_tokens}|{req.n}|{req.seed}|{stops}|"

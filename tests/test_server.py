@@ -628,6 +628,9 @@ BAD = [
     ("content_int", CHAT, H(messages=[{"role": "user", "content": 5}]), 400, "messages"),
     ("content_image_part", CHAT, H(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), 400, "messages"),
+    # /tokenize: messages win, but a prompt beside them must still be a string (found by schemathesis)
+    ("tokenize_prompt_not_a_string", "/tokenize", {"messages": [{"role": "user", "content": "x"}], "prompt": {}},
+     400, "prompt"),
     ("content_lone_surrogate", CHAT,
      raw('{"model": "random:tiny", "messages": [{"role": "user", "content": "\\udc80"}], "max_tokens": 2}'), 400, _),
 ]

@@ -176,3 +176,18 @@ def test_with_redis_configured_the_cache_is_shared(tiny_client, tmp_path, redis_
     body = {"prompt": "answer = compute(", "max_tokens": 6, "temperature": 0}
     assert web.post("/v1/completions", json=body, headers=AUTH).status_code == 200
     assert app.extensions["completion"]["service"].cache.redis is not None
+
+
+def test_inputs_schemathesis_found_get_a_4xx_or_a_plain_empty_completion(web):
+    """Each once a 500 or a false outage (tests/app/test_openapi.py found them)."""
+    from pipelines.completion import MAX_SEED
+    body = {"segments": {"prefix": "x = "}, "temperature": 0}
+    assert web.post("/v1/completions", json={**body, "seed": MAX_SEED}, headers=AUTH).status_code == 200
+    resp = web.post("/v1/completions", json={**body, "seed": 2**63 - 1}, headers=AUTH)
+    assert resp.status_code == 400 and "seed" in resp.get_json()["error"]["message"]
+    # an empty file: an empty completion, not a degraded one (which would count against the breaker)
+    resp = web.post("/v1/completions", json={"segments": {"prefix": ""}}, headers=AUTH)
+    assert resp.status_code == 200 and "X-Inference-Degraded" not in resp.headers
+    assert [c["text"] for c in resp.get_json()["choices"]] == [""]
+    resp = web.post("/v1/repositories", json={"name": "r", "path": "/tmp/\x00x"}, headers=AUTH)
+    assert resp.status_code == 400 and "NUL" in resp.get_json()["error"]["message"]
