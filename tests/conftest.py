@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 
+# Must precede `import torch` (libgomp reads it when it loads): idle OpenMP threads sleep instead
+# of spinning, so the engine thread's ops do not wait behind spinners for the 2 cores (Makefile).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 
 # Triton kernels run under its CPU interpreter when there is no GPU. This must be set before any
