@@ -23,6 +23,7 @@ from app.chat import bp as chat_bp
 from app.completion import bp as completion_bp
 from app.completion import init_completion
 from app.jobs import bp as jobs_bp
+from app.knowledge_base import bp as kb_bp
 from app.limits import init_limits
 from app.schemas import METRICS, Status
 from app.services import ChatServices
@@ -79,10 +80,11 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     web_metrics.init_app(app)
     services = app.extensions["support_chat"]["services"]
     registry.register(ReliabilityCollector(lambda: services.built_client))
-    init_limits(app, chat_bp, completion_bp, jobs_bp)
+    init_limits(app, chat_bp, completion_bp, jobs_bp, kb_bp)
     app.register_blueprint(chat_bp)
     init_completion(app)
     app.register_blueprint(jobs_bp)
+    app.register_blueprint(kb_bp)
 
     @app.get("/")
     def demo():

@@ -61,20 +61,20 @@ def _api_key() -> str:
     return "key:" + _digest(auth.removeprefix("Bearer ").strip())
 
 
-def init_limits(app: Flask, chat_bp, completion_bp, jobs_bp) -> Limiter:
-    """Attach the limits to the two API blueprints (call before registering them)."""
+def init_limits(app: Flask, chat_bp, *api_bps) -> Limiter:
+    """Attach the limits to the chat blueprint and the API-key ones (call before registering them)."""
     limits = app.config.get("RATE_LIMITS") or load_limits(app.config.get("LIMITS_PATH"))
     app.config["RATE_LIMITS"] = limits
     storage = app.config.get("REDIS_URL") or "memory://"
     limiter = Limiter(get_remote_address, app=app, storage_uri=storage, strategy="moving-window",
                       headers_enabled=True, swallow_errors=True, in_memory_fallback_enabled=True,
                       key_prefix=app.config.get("RATELIMIT_KEY_PREFIX", "ratelimit"))
-    skip = lambda: request.path in UNLIMITED_PATHS or request.method == "OPTIONS"   # noqa: E731
+    skip = lambda: request.path in UNLIMITED_PATHS or request.method == "OPTIONS"
     # shared limits: one counter per key across all of a blueprint's routes
-    for bp in (chat_bp, completion_bp, jobs_bp):
+    for bp in (chat_bp, *api_bps):
         limiter.shared_limit(limits["per_ip"], scope=f"{bp.name}-ip", exempt_when=skip)(bp)
     limiter.shared_limit(limits["per_site_key"], scope="chat-site", key_func=_site_key, exempt_when=skip)(chat_bp)
-    for bp in (completion_bp, jobs_bp):                  # one API key: one budget over both
+    for bp in api_bps:                                   # one API key: one budget over all of them
         limiter.shared_limit(limits["per_api_key"], scope="api-key", key_func=_api_key, exempt_when=skip)(bp)
 
     @app.errorhandler(429)

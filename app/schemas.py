@@ -244,6 +244,16 @@ class RepositoryJob(BaseModel):
     error: str | None = None
 
 
+class KbJob(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    status: Literal["queued", "running", "done", "failed"]
+    kind: Literal["kb"]
+    fingerprint: str | None = Field(None, description="of the folder the index was built from")
+    num_chunks: int | None = None
+    num_articles: int | None = None
+    error: str | None = None
+
+
 # ---- batch jobs -------------------------------------------------------------------------------
 class ChatTurn(BaseModel):
     model_config = ConfigDict(extra="allow")

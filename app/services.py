@@ -31,6 +31,16 @@ class ChatServices:
         """The client if it exists already (metrics must not load a model to report on it)."""
         return self._client
 
+    def knowledge_base(self) -> KnowledgeBase:
+        """The chat's knowledge base, brought up to date with its folder now (raises if that fails)."""
+        with self._lock:
+            chat = self._chat
+        if chat is not None:
+            chat.kb.rebuild()
+            return chat.kb
+        # no chat in this process (a worker): building the index fills the shared embeddings cache
+        return KnowledgeBase(self.client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
+
     @property
     def chat(self) -> SupportChat:
         client = self.client

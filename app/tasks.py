@@ -97,6 +97,29 @@ def index_repository(job_id: str, name: str, path: str) -> int:
     return len(index.chunks)
 
 
+@shared_task(bind=True, ignore_result=False, acks_late=True, autoretry_for=(InferenceError,), retry_backoff=2,
+             retry_backoff_max=60, max_retries=5, time_limit=1800)
+def index_knowledge_base(self, job_id: str) -> int:
+    """Re-embed the help centre's articles if they changed, into the embeddings cache the web
+    workers share (KB_CACHE_DIR, keyed by the folder's fingerprint): their next search loads it
+    instead of embedding on a request thread. Running it again is harmless: an unchanged folder
+    is a cache hit. No embedding endpoint answering (InferenceError) retries with backoff."""
+    jobs = current_app.extensions["completion"]["jobs"]
+    jobs.set(job_id, status="running")
+    try:
+        kb = current_app.extensions["support_chat"]["services"].knowledge_base()
+    except InferenceError as exc:
+        if self.request.retries >= self.max_retries:
+            jobs.set(job_id, status="failed", error=f"embeddings unavailable: {exc}")
+        raise
+    except Exception as exc:                              # a bad folder: recorded for the status endpoint
+        jobs.set(job_id, status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    jobs.set(job_id, status="done", fingerprint=kb.fingerprint, num_chunks=len(kb.chunks),
+             num_articles=len({c.source for c in kb.chunks}))
+    return len(kb.chunks)
+
+
 BATCH_TIME_LIMIT_S = 3600
 
 

@@ -153,14 +153,22 @@ class KnowledgeBase:
         now = time.monotonic()
         if now - self._checked < self.check_interval:
             return
+        try:
+            self.rebuild()
+        except Exception:
+            log.exception("knowledge base: rebuild of %s failed; keeping the previous index", self.path)
+
+    def rebuild(self) -> bool:
+        """Rebuild now if the folder changed; True if it did. Raises what the rebuild raised (the
+        previous index stays). The embeddings land in the on-disk cache, keyed by the folder's
+        fingerprint, where every other process sharing cache_dir finds them (the reindex task)."""
         with self._lock:
-            self._checked = now
-            try:
-                fp = self._fingerprint()
-                if fp != self.fingerprint:
-                    self._reload(fp)
-            except Exception:
-                log.exception("knowledge base: rebuild of %s failed; keeping the previous index", self.path)
+            self._checked = time.monotonic()
+            fp = self._fingerprint()
+            if fp == self.fingerprint:
+                return False
+            self._reload(fp)
+            return True
 
     # ---- search --------------------------------------------------------------------------
     def search_lexical(self, query: str, k: int = 3, min_matched: float = 0.5) -> list[Passage]:
