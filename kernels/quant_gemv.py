@@ -15,7 +15,7 @@ output to zero and cast):
 
 BITS=16 streams a plain float weight [N, K] (the model's dtype) through the same loop, no groups:
 `gemv`, the batch-1 path of unquantized linears, 2 rows x 1024 columns per step, which beats
-cuBLAS on every 7B shape at M=1 (bench/NOTES.md run 21: 104.6 vs 119 us per layer).
+cuBLAS on every 7B shape at M=1 (bench/NOTES.md run 22: 104.6 vs 119 us per layer).
 """
 from __future__ import annotations
 
@@ -23,7 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import grid_dependency_launch, grid_dependency_wait, pdl_options
+from kernels.triton_utils import (
+    grid_dependency_launch,
+    grid_dependency_wait,
+    pdl_options,
+    use_pdl,
+)
 
 # Up to this many rows the GEMV beats the tensor-core kernel (H200, bench/quant_gpu.py --sections
 # gemv: int8 qkv at 2 rows 29 vs 47 us, at 4 rows 53 vs 48 us). Each row re-reads the codes, so
@@ -98,12 +103,12 @@ def choose_gemv_tiles(n: int, k: int, bits: int) -> tuple[int, int, int]:
 
 def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
                group_len: int, tiles: tuple[int, int] | None = None, num_warps: int | None = None,
-               pdl: bool = False) -> torch.Tensor:
+               pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] (few rows, last dim contiguous) -> y [M, N] in x's dtype. Inputs are checked by
     quant_matmul, which dispatches here; group_len is K for per-channel scales.
 
-    pdl: launch as a programmatic dependent launch. Off by default: in a graph of 128 GEMVs it
-    cost 0.4 us per kernel on the H200 (bench/NOTES.md run 21), unlike the small kernels."""
+    pdl: a programmatic dependent launch (default: where the GPU has it, kernels/triton_utils.py),
+    letting the next kernel launch only after this one's loop (bench/NOTES.md runs 22-26)."""
     m, k = x.shape
     n = qweight.shape[0]
     block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits)
@@ -115,6 +120,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         raise ValueError(f"quant_gemv: BLOCK_K {block_k} and the group length {group_len} must nest")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (m, triton.cdiv(n, block_n))
+    pdl = use_pdl(x, pdl)
     _quant_gemv_kernel[grid](
         x, qweight, scales, zeros, out, n, k, group_len, scales.shape[1],
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
@@ -124,7 +130,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int] | None = None,
-         num_warps: int | None = None, pdl: bool = False) -> torch.Tensor:
+         num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] times a plain weight [N, K] of x's dtype (contiguous) -> y [M, N]: F.linear
     without bias as one Triton GEMV; each row streams the weight again, so M = 1 is its case."""
     if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or not weight.is_contiguous():
