@@ -1,0 +1,102 @@
+"""Where one batch-1 decode step's device time goes (run on the device): torch.profiler over
+replays of the captured batch-1 CUDA graph, kernels grouped by name.
+
+For each weight format: the replay's wall time (CUDA events), the sum of its kernels' own
+durations, and per kernel name its launches per step and mean / total microseconds. The gap
+(replay - sum of kernels) is the time the GPU spends between kernels of the graph.
+
+    python3 bench/decode_profile.py --out $OUT/decode_profile.json [--formats bf16,int8,int4]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_kernels import log, timed  # noqa: E402
+
+from inference import LLM, SamplingParams  # noqa: E402
+
+
+def short_name(name: str) -> str:
+    """Kernel names without template arguments (cuBLAS's are long)."""
+    name = name.split("(")[0]
+    return name if len(name) <= 70 else name[:67] + "..."
+
+
+def profile_replay(graph, reps: int) -> tuple[dict, float]:
+    """{kernel name: (launches, total us)} over reps replays, and the summed kernel time per replay."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
+            k = kernels[short_name(ev.name)]
+            k[0] += 1
+            k[1] += ev.device_time
+    total = sum(v[1] for v in kernels.values()) / reps
+    return {n: (c / reps, t / reps) for n, (c, t) in kernels.items()}, total
+
+
+def run_format(fmt: str, context: int, reps: int) -> dict:
+    llm = LLM("random:llama-2-7b", device="cuda", dtype="bfloat16", max_model_len=1024,
+              gpu_memory_utilization=0.5, max_num_seqs=8, max_num_batched_tokens=1024,
+              quantization=None if fmt == "bf16" else fmt)
+    runner = llm.engine.runner
+    prompt = {"prompt_token_ids": list(range(3, 3 + context))}
+    llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
+    graph = runner.graphs[1][0]                  # replays the last step's inputs: context ~ prompt + 8
+    replay = timed(graph.replay, reps=50)
+    kernels, kernel_sum = profile_replay(graph, reps)
+    layers = llm.engine.arch.num_hidden_layers
+    rows = sorted(({"kernel": n, "per_step": c, "mean_us": t / c, "us_per_step": t}
+                   for n, (c, t) in kernels.items()), key=lambda r: -r["us_per_step"])
+    out = {"format": fmt, "context": context, "replay_ms": replay * 1e3, "kernel_sum_ms": kernel_sum / 1e3,
+           "gap_ms": replay * 1e3 - kernel_sum / 1e3, "kernels_per_step": sum(r["per_step"] for r in rows),
+           "layers": layers, "kernels": rows}
+    log(f"\n== {fmt}: replay {out['replay_ms']:.3f} ms, kernels {out['kernel_sum_ms']:.3f} ms, "
+        f"gaps {out['gap_ms']:.3f} ms, {out['kernels_per_step']:.0f} kernels/step")
+    for r in rows[:16]:
+        log(f"  {r['per_step']:6.1f} x {r['mean_us']:7.2f} us = {r['us_per_step'] / 1e3:6.3f} ms  {r['kernel']}")
+    del llm, runner, graph
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_decode_profile.json"))
+    ap.add_argument("--formats", default="bf16,int8,int4")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    import triton
+
+    from cpu_engine import git_commit
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+           "commit": git_commit(), "args": vars(args), "formats": {}}
+    for fmt in args.formats.split(","):
+        res["formats"][fmt] = run_format(fmt, args.context, args.reps)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
