@@ -25,6 +25,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu | cuda[:N]")
     p.add_argument("--gpu-memory-utilization", type=float)
     p.add_argument("--enforce-eager", action="store_true", default=None, help="cuda: no CUDA graphs")
+    p.add_argument("--router-weights-threshold", type=float,
+                   help="mixture of experts: skip experts whose router weight is below this (0 = off)")
     p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
     p.add_argument("--quantization", choices=QUANTIZATION,
                    help="int8/int4/fp8: quantize on load; awq/gptq: the checkpoint's format; "
@@ -34,7 +36,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
-            "enforce_eager", "quantization", "kv_cache_dtype"]
+            "enforce_eager", "quantization", "kv_cache_dtype", "router_weights_threshold"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 

@@ -32,8 +32,14 @@ class ModelConfig:
     # int8 / int4: round-to-nearest on load; awq / gptq: the checkpoint's format (also detected
     # from its quantization_config when left None). See inference/quantization/config.py.
     quantization: str | None = None
+    # mixture-of-experts models: skip an expert whose normalised router weight is below this for a
+    # token (its top expert always runs); 0 = off, exact
+    router_weights_threshold: float = 0.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.router_weights_threshold, (int, float)) or isinstance(self.router_weights_threshold, bool) \
+                or not 0.0 <= self.router_weights_threshold < 1.0:
+            raise ValueError(f"router_weights_threshold: must be a number in [0, 1), got {self.router_weights_threshold!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model: must be a non-empty model name or path")
         if self.dtype not in DTYPES:
@@ -108,6 +114,7 @@ class EngineConfig:
         "device": ("model", "device"),
         "enforce_eager": ("model", "enforce_eager"),
         "quantization": ("model", "quantization"),
+        "router_weights_threshold": ("model", "router_weights_threshold"),
         "gpu_memory_utilization": ("cache", "gpu_memory_utilization"),
         "block_size": ("cache", "block_size"),
         "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),

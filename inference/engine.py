@@ -222,6 +222,11 @@ class LLMEngine:
         self.last_stats = EngineStats(self.scheduler.stats(), it)
         return self.last_stats
 
+    def expert_load(self) -> dict[int, list[int]]:
+        """Mixture-of-experts models: layer -> tokens routed to each expert so far ({} if dense)."""
+        from inference.models.moe import expert_load
+        return expert_load(self.runner.model)
+
     def retire_aborted(self, request_id: str) -> RequestState | None:
         """Forget an aborted request's state (after its final output was taken)."""
         state = self.states.get(request_id)

@@ -119,6 +119,9 @@ class OnlineEngine:
     def stats(self) -> EngineStats | None:
         return self.engine.last_stats
 
+    def expert_load(self) -> dict[int, list[int]]:
+        return self.engine.expert_load()
+
     def add_stats_listener(self, listener) -> None:
         """`listener(stats: EngineStats)` runs in the engine thread after every step; keep it cheap."""
         self._stats_listeners.append(listener)

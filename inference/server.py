@@ -120,7 +120,7 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     metrics = EngineMetrics(model_name=config.served_model_name)
     app.extensions["inference"] = {"config": config, "metrics": metrics, "admission": threading.Lock(),
-                                   "holder": EngineHolder(engine_loader, lambda e: e.add_stats_listener(metrics.observe)),
+                                   "holder": EngineHolder(engine_loader, lambda e: _watch(e, metrics)),
                                    "embedder": None, "embedder_lock": threading.Lock()}
     app.register_blueprint(bp)
 
@@ -149,6 +149,12 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
                                 "code": None}}, 500)
 
     return app
+
+
+def _watch(engine: OnlineEngine, metrics) -> None:
+    engine.add_stats_listener(metrics.observe)
+    if engine.expert_load():                   # a mixture-of-experts model: per-expert load
+        metrics.watch_expert_load(engine.expert_load)
 
 
 def _ctx() -> dict:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import psutil
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from inference.stats import EngineStats
@@ -85,6 +85,26 @@ class _MemoryCollector:
         except RuntimeError:    # a broken CUDA context must not fail the whole scrape
             return False
         return True
+
+
+class _ExpertLoadCollector:
+    """Tokens routed to each expert of each mixture-of-experts layer, read at scrape time from the
+    model's cumulative counters (a step never waits on the device for them)."""
+
+    def __init__(self, source: Callable[[], dict[int, list[int]]], prefix: str, model_name: str):
+        self.source, self.name, self.model_name = source, f"{prefix}:moe_expert_tokens", model_name
+
+    def describe(self) -> Iterable[Metric]:
+        return [CounterMetricFamily(self.name, "Tokens routed to each expert (imbalance: compare experts "
+                                               "of one layer).", labels=("model_name", "layer", "expert"))]
+
+    def collect(self) -> Iterable[Metric]:
+        fam = CounterMetricFamily(self.name, "Tokens routed to each expert (imbalance: compare experts "
+                                             "of one layer).", labels=("model_name", "layer", "expert"))
+        for layer, counts in self.source().items():
+            for expert, n in enumerate(counts):
+                fam.add_metric([self.model_name, str(layer), str(expert)], n)
+        return [fam]
 
 
 class EngineMetrics:
@@ -163,6 +183,10 @@ class EngineMetrics:
         last = self._last.get(key, 0)
         counter.inc(total - last if total >= last else total)
         self._last[key] = total
+
+    def watch_expert_load(self, source: Callable[[], dict[int, list[int]]], prefix: str = "inference") -> None:
+        """Export `source()` (layer -> cumulative tokens per expert) as inference:moe_expert_tokens_total."""
+        self.registry.register(_ExpertLoadCollector(source, prefix, self.model_name))
 
     def render(self, ready: bool | None = None) -> tuple[bytes, str]:
         """The exposition text of this registry and its HTTP Content-Type; ready: the engine's

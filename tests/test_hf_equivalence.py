@@ -71,21 +71,33 @@ CONFIGS = {
     "qwen2-bias": ("qwen2", dict(TINY, tie_word_embeddings=False)),
     "mistral": ("mistral", dict(TINY, sliding_window=4096)),
     "head-dim-override": ("llama", dict(TINY, head_dim=32)),
+    # mixture of experts: Mixtral (renormalised top-2 of 4), Qwen2-MoE (shared expert, top-2 of 6 as
+    # is, layer 1 dense), Qwen2-MoE with renormalisation and every 2nd layer sparse
+    "mixtral": ("mixtral", dict(TINY, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2-moe-shared": ("qwen2_moe", dict(TINY, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, mlp_only_layers=[1])),
+    "qwen2-moe-norm-topk": ("qwen2_moe", dict(TINY, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=40,
+                                              shared_expert_intermediate_size=24, norm_topk_prob=True,
+                                              decoder_sparse_step=2)),
 }
 
 
 def _save_hf_model(kind: str, cfg: dict, path) -> torch.nn.Module:
     import transformers
     config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "mistral": transformers.MistralConfig}[kind]
+                  "mistral": transformers.MistralConfig, "mixtral": transformers.MixtralConfig,
+                  "qwen2_moe": transformers.Qwen2MoeConfig}[kind]
     model_cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-                 "mistral": transformers.MistralForCausalLM}[kind]
+                 "mistral": transformers.MistralForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+                 "qwen2_moe": transformers.Qwen2MoeForCausalLM}[kind]
     torch.manual_seed(hash(str(sorted(cfg.items()))) % 2**31)
     model = model_cls(config_cls(**cfg)).eval()
     with torch.no_grad():           # HF inits biases to zero; make them matter
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith(("gate.weight", "shared_expert_gate.weight")):   # routers: no near-ties
+                p.add_(torch.randn_like(p) * 0.5)
     model.save_pretrained(path, max_shard_size="200KB")   # sharded: exercises the index file
     return model
 

@@ -117,6 +117,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         hf_config = json.loads((model_dir / "config.json").read_text())
     arch = ModelArch.from_hf_config(hf_config)
+    if config.router_weights_threshold and not arch.num_experts:
+        raise ValueError(f"router_weights_threshold: {config.model!r} is not a mixture-of-experts model")
     max_model_len = arch.max_position_embeddings
     if arch.sliding_window and arch.model_type == "mistral":
         # Sliding-window attention is not implemented: stay within the window, where it is exact.
@@ -156,6 +158,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
     elif config.quantization == "sparse24":                 # experimental: magnitude 2:4 pruning
         from inference.quantization.sparsity import sparsify_model
         sparsify_model(model)
+    if config.router_weights_threshold:
+        from inference.models.moe import set_router_threshold
+        set_router_threshold(model, config.router_weights_threshold)
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     if device.type == "cuda":

@@ -45,6 +45,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+PRESETS.update({
+    # mixture of experts at test size: Mixtral-style (4 experts, top 2) and Qwen2-MoE-style (shared
+    # expert, no renormalisation, layer 1 dense)
+    "tiny-moe": dict(model_type="mixtral", vocab_size=512, hidden_size=64, intermediate_size=96,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                     num_experts_per_tok=2, max_position_embeddings=1024, rms_norm_eps=1e-5, bos_token_id=1,
+                     eos_token_id=2),
+    "tiny-qwen2-moe": dict(model_type="qwen2_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+                           moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
+                           num_experts_per_tok=2, mlp_only_layers=[1], num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                           rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2),
+    # 46.7 B parameters, 12.9 B active per token (2 of 8 experts): ~93 GB in bf16
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
+                         rms_norm_eps=1e-5, rope_theta=1000000.0, bos_token_id=1, eos_token_id=2),
+})
+
+
 def preset_config(name: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise ValueError(f"model: unknown random preset {name!r}; known: {sorted(PRESETS)}")

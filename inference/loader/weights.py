@@ -17,17 +17,33 @@ from tqdm.auto import tqdm
 from inference.models.arch import ModelArch
 from inference.models.llama import DECODER_LINEARS, LlamaForCausalLM, RotaryEmbedding
 
-# checkpoint name -> (our parameter name, shard index within a fused parameter)
+# checkpoint name -> (our parameter name, fused-parameter kind, shard index within it); an `e`
+# group is the expert index (its slice of a stacked [E, ...] expert parameter)
 _LAYER_RULES = [
-    (r"self_attn\.q_proj\.(weight|bias)", "self_attn.qkv_proj.{}", 0),
-    (r"self_attn\.k_proj\.(weight|bias)", "self_attn.qkv_proj.{}", 1),
-    (r"self_attn\.v_proj\.(weight|bias)", "self_attn.qkv_proj.{}", 2),
-    (r"self_attn\.o_proj\.(weight|bias)", "self_attn.o_proj.{}", None),
-    (r"mlp\.gate_proj\.weight", "mlp.gate_up_proj.weight", 0),
-    (r"mlp\.up_proj\.weight", "mlp.gate_up_proj.weight", 1),
-    (r"mlp\.down_proj\.weight", "mlp.down_proj.weight", None),
-    (r"input_layernorm\.weight", "input_layernorm.weight", None),
-    (r"post_attention_layernorm\.weight", "post_attention_layernorm.weight", None),
+    (r"self_attn\.q_proj\.(weight|bias)", "self_attn.qkv_proj.{}", "qkv", 0),
+    (r"self_attn\.k_proj\.(weight|bias)", "self_attn.qkv_proj.{}", "qkv", 1),
+    (r"self_attn\.v_proj\.(weight|bias)", "self_attn.qkv_proj.{}", "qkv", 2),
+    (r"self_attn\.o_proj\.(weight|bias)", "self_attn.o_proj.{}", None, None),
+    (r"mlp\.gate_proj\.weight", "mlp.gate_up_proj.weight", "mlp", 0),
+    (r"mlp\.up_proj\.weight", "mlp.gate_up_proj.weight", "mlp", 1),
+    (r"mlp\.down_proj\.weight", "mlp.down_proj.weight", None, None),
+    (r"input_layernorm\.weight", "input_layernorm.weight", None, None),
+    (r"post_attention_layernorm\.weight", "post_attention_layernorm.weight", None, None),
+    # mixture of experts: Mixtral (block_sparse_moe, w1 = gate, w3 = up, w2 = down), Qwen2-MoE
+    (r"(?:block_sparse_moe|mlp)\.gate\.weight", "mlp.gate.weight", None, None),
+    (r"block_sparse_moe\.experts\.(?P<e>\d+)\.w1\.weight", "mlp.w13", "expert", 0),
+    (r"block_sparse_moe\.experts\.(?P<e>\d+)\.w3\.weight", "mlp.w13", "expert", 1),
+    (r"block_sparse_moe\.experts\.(?P<e>\d+)\.w2\.weight", "mlp.w2", None, None),
+    (r"mlp\.experts\.(?P<e>\d+)\.gate_proj\.weight", "mlp.w13", "expert", 0),
+    (r"mlp\.experts\.(?P<e>\d+)\.up_proj\.weight", "mlp.w13", "expert", 1),
+    (r"mlp\.experts\.(?P<e>\d+)\.down_proj\.weight", "mlp.w2", None, None),
+    # transformers >= 5 in memory: all experts stacked already, gate rows then up rows
+    (r"(?:block_sparse_moe|mlp)\.experts\.gate_up_proj", "mlp.w13", None, None),
+    (r"(?:block_sparse_moe|mlp)\.experts\.down_proj", "mlp.w2", None, None),
+    (r"mlp\.shared_expert\.gate_proj\.weight", "mlp.shared_expert.gate_up_proj.weight", "shared", 0),
+    (r"mlp\.shared_expert\.up_proj\.weight", "mlp.shared_expert.gate_up_proj.weight", "shared", 1),
+    (r"mlp\.shared_expert\.down_proj\.weight", "mlp.shared_expert.down_proj.weight", None, None),
+    (r"mlp\.shared_expert_gate\.weight", "mlp.shared_expert_gate.weight", None, None),
 ]
 _IGNORED = re.compile(r".*(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
 
@@ -49,6 +65,9 @@ def build_model(arch: ModelArch, max_positions: int, dtype: torch.dtype, device:
             if param is not None:
                 module._parameters[name] = nn.Parameter(
                     torch.empty(param.shape, dtype=dtype, device=device), requires_grad=False)
+        for name, buf in list(module._buffers.items()):       # counters (expert load): zeros, own dtype
+            if buf is not None and buf.is_meta and not buf.is_floating_point():
+                module._buffers[name] = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
     model.rotary = RotaryEmbedding(arch, max_positions).to(device)
     return model.eval()
 
@@ -82,78 +101,117 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def _offsets(arch: ModelArch) -> dict[str, list[tuple[int, int]]]:
+    """Row ranges of each shard within a fused parameter, by kind."""
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    pair = lambda n: [(0, n), (n, n)]                                     # noqa: E731
+    return {"qkv": [(0, q), (q, kv), (q + kv, kv)], "mlp": pair(arch.intermediate_size),
+            "expert": pair(arch.moe_intermediate_size), "shared": pair(arch.shared_expert_intermediate_size)}
+
+
 def load_safetensors(model: LlamaForCausalLM, model_dir: Path, skip: frozenset[str] = frozenset()) -> None:
-    """Copy a Hugging Face Llama-family checkpoint into `model`, fusing q/k/v and gate/up.
-    `skip`: checkpoint keys already consumed (a quantized checkpoint's projections)."""
+    """Copy a Hugging Face Llama-family checkpoint into `model`, fusing q/k/v and gate/up and
+    stacking experts. Every tensor's place and shape, and that none is missing, are checked from
+    the files' headers before any weight is read. `skip`: checkpoint keys already consumed (a
+    quantized checkpoint's projections)."""
     params = dict(model.named_parameters())
     arch = model.arch
-    q, kv, inter = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim, arch.intermediate_size
-    qkv_offsets = [(0, q), (q, kv), (q + kv, kv)]
-    gate_up_offsets = [(0, inter), (inter, inter)]
-    loaded: set[str] = set()
+    offsets = _offsets(arch)
     files = checkpoint_files(model_dir)
-    total = 0
+    plan: list[tuple[Path, str, str, int | None, tuple[int, int] | None]] = []
     for path in files:                              # headers only: cheap
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            total += len(f.keys())
-    with tqdm(total=total, desc=f"Loading {model_dir.name}", unit="tensor", leave=False) as bar:
-        for path in files:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    bar.update(1)
-                    if key in skip:
-                        continue
-                    target = _target(key, qkv_offsets, gate_up_offsets)
-                    if target is None:
-                        continue
-                    name, rows = target
-                    if name == "lm_head.weight" and model.lm_head is None:
-                        continue                    # tied: the embedding already serves
-                    if name not in params:
-                        raise ValueError(f"checkpoint tensor {key!r} has no place in this model ({name})")
-                    dest = params[name].data if rows is None else params[name].data[rows[0]:rows[0] + rows[1]]
-                    tensor = f.get_tensor(key)
-                    if tensor.shape != dest.shape:
-                        raise ValueError(f"checkpoint tensor {key!r}: shape {tuple(tensor.shape)} "
-                                         f"does not match the model's {tuple(dest.shape)}")
-                    dest.copy_(tensor)
-                    loaded.add(name if rows is None else f"{name}[{rows[0]}]")
-    expected = _expected_names(model, qkv_offsets, gate_up_offsets)
-    missing = sorted(expected - loaded)
+            for key in f.keys():
+                if key in skip:
+                    continue
+                target = _target(key, offsets)
+                if target is None:
+                    continue
+                name, expert, rows = target
+                if name == "lm_head.weight" and model.lm_head is None:
+                    continue                        # tied: the embedding already serves
+                if name not in params:
+                    raise ValueError(f"checkpoint tensor {key!r} has no place in this model ({name})")
+                if expert is not None and expert >= arch.num_experts:
+                    raise ValueError(f"checkpoint tensor {key!r}: expert {expert}, but config.json says "
+                                     f"num_experts={arch.num_experts}")
+                dest = _dest(params[name], expert, rows)
+                shape = tuple(f.get_slice(key).get_shape())
+                if shape != tuple(dest.shape):
+                    hint = f" (config.json: num_experts={arch.num_experts})" if name.endswith("mlp.gate.weight") else ""
+                    raise ValueError(f"checkpoint tensor {key!r}: shape {shape} does not match the model's "
+                                     f"{tuple(dest.shape)}{hint}")
+                plan.append((path, key, name, expert, rows))
+    loaded = set()
+    for _, _, name, expert, rows in plan:
+        if expert is None and name.endswith((".w13", ".w2")):      # the whole stack at once
+            loaded |= _expert_entries(name, params[name].shape[0], offsets)
+        else:
+            loaded.add(_loaded_name(name, expert, rows))
+    missing = sorted(_expected_names(model, offsets) - loaded)
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    with tqdm(total=len(plan), desc=f"Loading {model_dir.name}", unit="tensor", leave=False) as bar:
+        for path in files:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for p, key, name, expert, rows in plan:
+                    if p == path:
+                        _dest(params[name], expert, rows).copy_(f.get_tensor(key))
+                        bar.update(1)
 
 
-def _target(key: str, qkv_offsets, gate_up_offsets):
+def _dest(param: torch.Tensor, expert: int | None, rows: tuple[int, int] | None) -> torch.Tensor:
+    dest = param.data if expert is None else param.data[expert]
+    return dest if rows is None else dest[rows[0]:rows[0] + rows[1]]
+
+
+def _loaded_name(name: str, expert: int | None, rows: tuple[int, int] | None) -> str:
+    return name + ("" if expert is None else f"[expert {expert}]") + ("" if rows is None else f"[{rows[0]}]")
+
+
+def _target(key: str, offsets: dict[str, list[tuple[int, int]]]):
+    """(our parameter, expert index or None, row range or None) for a checkpoint key; None: ignored."""
     if _IGNORED.match(key):
         return None
     key = key.removeprefix("model.")
     if key in ("embed_tokens.weight", "norm.weight", "lm_head.weight"):
-        return key, None
+        return key, None, None
     m = re.match(r"layers\.(\d+)\.(.+)$", key)
     if not m:
         raise ValueError(f"checkpoint tensor {key!r} is not a Llama-family weight")
     layer, rest = m.groups()
-    for pattern, name, shard in _LAYER_RULES:
+    for pattern, name, kind, shard in _LAYER_RULES:
         mm = re.fullmatch(pattern, rest)
         if mm:
-            name = name.format(*mm.groups())
-            offsets = qkv_offsets if "qkv" in name else gate_up_offsets
-            return f"layers.{layer}.{name}", None if shard is None else offsets[shard]
+            groups = mm.groupdict()
+            plain = [g for i, g in enumerate(mm.groups(), 1) if i not in mm.re.groupindex.values()]
+            name = name.format(*plain)
+            expert = int(groups["e"]) if "e" in groups else None
+            return f"layers.{layer}.{name}", expert, None if shard is None else offsets[kind][shard]
     raise ValueError(f"checkpoint tensor {key!r} is not a Llama-family weight")
 
 
-def _expected_names(model, qkv_offsets, gate_up_offsets) -> set[str]:
+def _expert_entries(name: str, num_experts: int, offsets) -> set[str]:
+    """What loading every expert of a stacked expert parameter records."""
+    rows = [None] if name.endswith(".w2") else offsets["expert"]
+    return {_loaded_name(name, e, r) for e in range(num_experts) for r in rows}
+
+
+def _expected_names(model, offsets) -> set[str]:
     # quantized linears (they hold `qweight`) were filled by the quantized checkpoint's loader
     quantized = tuple(f"{n}." for n, m in model.named_modules() if hasattr(m, "qweight"))
+    shards = {"qkv_proj.weight": "qkv", "qkv_proj.bias": "qkv", "shared_expert.gate_up_proj.weight": "shared",
+              "gate_up_proj.weight": "mlp"}
     names = set()
-    for name, _ in model.named_parameters():
+    for name, param in model.named_parameters():
         if quantized and name.startswith(quantized):
             continue
-        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-            names.update(f"{name}[{o}]" for o, _ in qkv_offsets)
-        elif name.endswith("gate_up_proj.weight"):
-            names.update(f"{name}[{o}]" for o, _ in gate_up_offsets)
-        else:
+        kind = next((k for suffix, k in shards.items() if name.endswith(suffix)), None)
+        if name.endswith((".w13", ".w2")):
+            names.update(_expert_entries(name, param.shape[0], offsets))
+            continue
+        if kind is None:
             names.add(name)
+        else:
+            names.update(f"{name}[{o}]" for o, _ in offsets[kind])
     return names

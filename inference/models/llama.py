@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) in plain PyTorch over a paged KV cache.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2; with mixture-of-experts MLPs, Mixtral and
+Qwen2-MoE: models/moe.py) in plain PyTorch over a paged KV cache.
 
 q/k/v and gate/up projections are fused into one matmul each (fewer, larger ops per step);
 loaders concatenate the checkpoint's separate weights. Quantization and tensor parallelism are
@@ -14,6 +15,7 @@ from torch import nn
 
 from inference.attention import AttentionMetadata, paged_attention, write_kv
 from inference.models.arch import ModelArch
+from inference.models.moe import SparseMoeBlock
 
 
 class RMSNorm(nn.Module):
@@ -153,12 +155,12 @@ DECODER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = LlamaAttention(arch)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = LlamaMLP(arch)
+        self.mlp = SparseMoeBlock(arch) if arch.is_moe_layer(layer) else LlamaMLP(arch)
 
     def forward(self, x, residual, rope, k_cache, v_cache, meta):
         # .forward directly: nn.Module.__call__'s hook handling costs ~0.5 ms per decode step here.
@@ -176,7 +178,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(arch) for _ in range(arch.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_hidden_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.rotary = RotaryEmbedding(arch, max_positions)
         if arch.tie_word_embeddings:
