@@ -104,9 +104,10 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 def _offsets(arch: ModelArch) -> dict[str, list[tuple[int, int]]]:
     """Row ranges of each shard within a fused parameter, by kind."""
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
-    pair = lambda n: [(0, n), (n, n)]                                     # noqa: E731
-    return {"qkv": [(0, q), (q, kv), (q + kv, kv)], "mlp": pair(arch.intermediate_size),
-            "expert": pair(arch.moe_intermediate_size), "shared": pair(arch.shared_expert_intermediate_size)}
+    def gate_up(n: int) -> list[tuple[int, int]]:
+        return [(0, n), (n, n)]
+    return {"qkv": [(0, q), (q, kv), (q + kv, kv)], "mlp": gate_up(arch.intermediate_size),
+            "expert": gate_up(arch.moe_intermediate_size), "shared": gate_up(arch.shared_expert_intermediate_size)}
 
 
 def load_safetensors(model: LlamaForCausalLM, model_dir: Path, skip: frozenset[str] = frozenset()) -> None:
