@@ -74,7 +74,8 @@ def prompts(n: int, seed: int) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-gqa"])   # head_dim 16 GQA 2; 128 GQA 4
+# head_dim 16 GQA 2; 128 GQA 4; mixture of experts (fused grouped GEMMs): Mixtral-, Qwen2-MoE-style
+@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-gqa", "random:tiny-moe", "random:tiny-qwen2-moe"])
 def test_greedy_tokens_and_logprobs_match_reference(model):
     ps = prompts(6, seed=1)
     params = [SamplingParams(max_tokens=random.Random(i).randint(1, 9), temperature=0, ignore_eos=True, logprobs=2)

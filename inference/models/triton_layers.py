@@ -133,5 +133,9 @@ def use_triton_kernels(model: LlamaForCausalLM) -> None:
         swap = _SWAPS.get(type(module))
         if swap is not None:
             module.__class__ = swap
+    from inference.models.moe import moe_blocks
+    for _, block in moe_blocks(model):     # experts: one grouped GEMM pair instead of a loop (graph-safe)
+        from kernels.fused_moe import fused_experts
+        block.experts = fused_experts
     rotary = model.rotary
     rotary.cos_sin = torch.cat((rotary.cos, rotary.sin), dim=-1).contiguous()   # [P, D]

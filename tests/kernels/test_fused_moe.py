@@ -1,0 +1,69 @@
+"""The fused mixture-of-experts path (kernels/fused_moe.py) against the per-expert PyTorch
+reference: under the Triton interpreter on the CPU at small sizes, compiled on a GPU (plus a
+Mixtral-sized layer there). Fresh random inputs per case; routes with dropped assignments
+(router threshold), experts that get no token, more experts than tokens."""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from inference.models.moe import experts_reference, route
+from kernels.fused_moe import align_assignments, fused_experts
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _case(t, h, inter, e, k, dtype, threshold, seed):
+    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr((t, h, inter, e, k, dtype, threshold, seed)).encode()))
+    x = torch.randn(t, h, generator=gen, device=DEVICE).to(dtype)
+    w13 = (torch.randn(e, 2 * inter, h, generator=gen, device=DEVICE) * h ** -0.5).to(dtype)
+    w2 = (torch.randn(e, h, inter, generator=gen, device=DEVICE) * inter ** -0.5).to(dtype)
+    logits = torch.randn(t, e, generator=gen, device=DEVICE) * 3
+    weights, ids = route(logits, k, renormalize=True, threshold=threshold)
+    return x, w13, w2, weights, ids
+
+
+@pytest.mark.parametrize("t,e,k,threshold", [(1, 4, 2, 0.0), (5, 8, 2, 0.0), (33, 4, 1, 0.0), (19, 6, 3, 0.3),
+                                             (3, 16, 2, 0.0)])
+def test_fused_experts_match_the_reference(t, e, k, threshold):
+    x, w13, w2, weights, ids = _case(t, 32, 48, e, k, torch.float32, threshold, 0)
+    got = fused_experts(x, w13, w2, weights, ids, block_m=16, block_n=32, block_k=16)
+    torch.testing.assert_close(got, experts_reference(x, w13, w2, weights, ids), rtol=2e-4, atol=2e-4)
+
+
+def test_alignment_puts_each_live_assignment_once_in_its_experts_blocks():
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 5, (23, 2), generator=gen)
+    weights = torch.rand(23, 2, generator=gen)
+    weights[::4, 1] = 0                                              # dropped by a threshold
+    sorted_ids, block_expert = align_assignments(ids.to(DEVICE), weights.to(DEVICE), 5, 8)
+    sorted_ids, block_expert = sorted_ids.cpu(), block_expert.cpu()
+    live = [a for a in range(46) if weights.flatten()[a] > 0]
+    real = sorted_ids[sorted_ids < 46]
+    assert sorted(real.tolist()) == live
+    for row, a in enumerate(sorted_ids.tolist()):
+        if a < 46:
+            assert block_expert[row // 8] == ids.flatten()[a]
+    assert sorted_ids.numel() % 8 == 0 and (block_expert[block_expert >= 0].diff() >= 0).all()
+
+
+def test_bad_shapes_are_refused():
+    x, w13, w2, weights, ids = _case(4, 32, 48, 4, 2, torch.float32, 0.0, 1)
+    with pytest.raises(ValueError, match="shapes do not agree"):
+        fused_experts(x, w13, w2[:, :16], weights, ids)
+    with pytest.raises(ValueError, match="ids and weights"):
+        fused_experts(x, w13, w2, weights[:, :1], ids)
+    with pytest.raises(ValueError, match="must share"):
+        fused_experts(x, w13.half(), w2, weights, ids)
+
+
+@requires_cuda
+@pytest.mark.parametrize("t", [1, 7, 64, 512])
+def test_mixtral_sized_layer_in_bf16(t):
+    x, w13, w2, weights, ids = _case(t, 4096, 1792, 8, 2, torch.bfloat16, 0.0, 2)   # 1/8 of Mixtral's I
+    got = fused_experts(x, w13, w2, weights, ids, block_m=64, block_n=128, block_k=64)
+    ref = experts_reference(x.float(), w13.float(), w2.float(), weights, ids)
+    torch.testing.assert_close(got.float(), ref, rtol=3e-2, atol=3e-2)
