@@ -71,8 +71,9 @@ def test_threshold_skips_experts_and_keeps_blocks_accounted():
     (dict(router_weights_threshold=1.0), "router_weights_threshold: must be a number in \\[0, 1\\)"),
     (dict(router_weights_threshold=-0.1), "router_weights_threshold"),
     (dict(model="random:tiny", router_weights_threshold=0.2), "not a mixture-of-experts model"),
+    (dict(quantization="int8"), "mixture-of-experts layers cannot be quantized yet"),
 ])
-def test_bad_threshold_is_refused_before_loading(bad, match):
+def test_bad_engine_arguments_are_refused_before_loading(bad, match):
     with pytest.raises(ValueError, match=match):
         LLM(**{"model": "random:tiny-moe", "dtype": "float32", **bad})
 

@@ -117,6 +117,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         hf_config = json.loads((model_dir / "config.json").read_text())
     arch = ModelArch.from_hf_config(hf_config)
+    if arch.num_experts and config.quantization is not None:
+        raise ValueError(f"quantization={config.quantization!r}: {arch.model_type} mixture-of-experts layers "
+                         f"cannot be quantized yet; load {config.model!r} without quantization")
     if config.router_weights_threshold and not arch.num_experts:
         raise ValueError(f"router_weights_threshold: {config.model!r} is not a mixture-of-experts model")
     max_model_len = arch.max_position_embeddings

@@ -46,6 +46,8 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
     """Quantize in place. rtn needs no data; gptq and awq calibrate on `windows` (token lists),
     one decoder layer at a time: gptq on the outputs of the layers already quantized, awq on
     the unquantized ones. Returns a summary (bytes before/after, AWQ alphas)."""
+    if model.arch.num_experts:
+        raise ValueError(f"quantize: {model.arch.model_type} mixture-of-experts layers cannot be quantized yet")
     linears = decoder_linears(model)
     if cfg.method != "rtn" and not windows:
         raise ValueError(f"quantize: {cfg.method} needs calibration windows")
