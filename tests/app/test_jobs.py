@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import redis
 
 from app import create_app
 from app.tenants import hash_api_key
+from tests.app.celery_worker import start_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANTS = f"""tenants:
@@ -100,12 +99,6 @@ def test_bad_jsonl_line_and_auth(web):
 REDIS_URL = "redis://127.0.0.1:6379/12"
 
 
-def start_worker(env):
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
-                             "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def test_worker_killed_mid_job_completes_exactly_once(redis_server, tmp_path, tiny_client):
     redis.Redis.from_url(REDIS_URL).flushdb()
     (tmp_path / "tenants.yaml").write_text(TENANTS)
@@ -118,7 +111,7 @@ def test_worker_killed_mid_job_completes_exactly_once(redis_server, tmp_path, ti
     items = [{"prompt": f"item {i}:", "max_tokens": 24, "temperature": 0} for i in range(12)]
     job_id = web.post("/v1/jobs", json={"requests": items}, headers=ACME).get_json()["job_id"]
     store = app.extensions["completion"]["batches"]
-    worker = start_worker(env)
+    worker = start_worker(env, capture=False)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and (store.get(job_id).get("done", 0) < 2) and worker.poll() is None:
@@ -127,7 +120,7 @@ def test_worker_killed_mid_job_completes_exactly_once(redis_server, tmp_path, ti
         worker.send_signal(signal.SIGKILL)                    # mid-job: its message is not acknowledged
         worker.wait(10)
         assert store.get(job_id)["status"] == "running" and store.get(job_id)["done"] < 12
-        worker = start_worker(env)                            # the broker redelivers after visibility_timeout
+        worker = start_worker(env, capture=False)                            # the broker redelivers after visibility_timeout
         view = wait_done(web, job_id, timeout=180)
         assert view["status"] == "done" and view["done"] == 12
         job = store.get(job_id)

@@ -4,10 +4,7 @@ the task runs on a thread of the web process; with Redis a real worker process d
 embedding and the web process only loads the cache."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,9 +12,10 @@ import pytest
 import redis
 
 from app import create_app
+from tests.app.celery_worker import start_worker, stop_worker
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = "redis://127.0.0.1:6379/11"
 AUTH = {"Authorization": "Bearer demo-api-key"}
 KEY = {"X-Site-Key": "demo-site-key"}
 ARTICLE = ("# Lost luggage tags\n\n## Replacing a tag\n\nIf your Voyager suitcase lost its luggage tag, we post a "
@@ -84,18 +82,10 @@ def test_a_folder_without_articles_fails_the_job_visibly_and_keeps_the_index(tin
 @pytest.fixture()
 def worker(redis_server, kb_dir, tmp_path):
     redis.Redis.from_url(REDIS_URL).flushdb()
-    env = {**os.environ, "REDIS_URL": REDIS_URL, "MODEL": "random:tiny", "PYTHONPATH": str(ROOT),
-           "KB_PATH": str(kb_dir), "KB_CACHE_DIR": str(tmp_path / "cache"), "WORKER_METRICS_PORT": "19809"}
-    env.pop("INFERENCE_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
-                             "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_worker({"REDIS_URL": REDIS_URL, "MODEL": "random:tiny", "KB_PATH": str(kb_dir),
+                         "KB_CACHE_DIR": str(tmp_path / "cache"), "WORKER_METRICS_PORT": "0"})
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)
 
 
 def test_a_real_worker_embeds_and_the_web_process_only_loads_the_cache(worker, tiny_client, kb_dir, tmp_path):

@@ -2,11 +2,7 @@
 task, a separate worker process runs it (on the tiny random model) and writes the summary."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import redis
@@ -14,8 +10,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
+from tests.app.celery_worker import start_worker, stop_worker
 
-ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/13"
 METRICS_PORT = 19808
 KEY = {"X-Site-Key": "demo-site-key"}
@@ -24,18 +20,9 @@ KEY = {"X-Site-Key": "demo-site-key"}
 @pytest.fixture()
 def worker(redis_server):
     redis.Redis.from_url(REDIS_URL).flushdb()
-    env = {**os.environ, "REDIS_URL": REDIS_URL, "MODEL": "random:tiny", "PYTHONPATH": str(ROOT),
-           "WORKER_METRICS_PORT": str(METRICS_PORT)}
-    env.pop("INFERENCE_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
-                             "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_worker({"REDIS_URL": REDIS_URL, "MODEL": "random:tiny", "WORKER_METRICS_PORT": str(METRICS_PORT)})
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)
 
 
 def test_handoff_summary_is_written_by_a_real_worker(worker, tiny_client, tmp_path):

@@ -1,0 +1,29 @@
+"""A real Celery worker process for the tests that need one (solo pool: one task at a time)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_worker(env: dict[str, str], capture: bool = True) -> subprocess.Popen:
+    """`env` is added to this process's environment (REDIS_URL at least); INFERENCE_URL is
+    dropped so the worker runs its own engine. capture: its output is readable from proc.stdout."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    full.pop("INFERENCE_URL", None)
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
+                             "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                            cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT if capture else out, text=True)
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
