@@ -117,9 +117,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         hf_config = json.loads((model_dir / "config.json").read_text())
     arch = ModelArch.from_hf_config(hf_config)
-    if arch.num_experts and config.quantization is not None:
-        raise ValueError(f"quantization={config.quantization!r}: {arch.model_type} mixture-of-experts layers "
-                         f"cannot be quantized yet; load {config.model!r} without quantization")
+    if arch.num_experts and config.quantization is not None and (
+            config.quantization not in ("int8", "int4") or device.type != "cpu"):
+        raise ValueError(f"quantization={config.quantization!r}: {arch.model_type} mixture-of-experts layers are "
+                         f"quantized with int8 or int4 on the CPU only so far; load {config.model!r} without it")
     if config.router_weights_threshold and not arch.num_experts:
         raise ValueError(f"router_weights_threshold: {config.model!r} is not a mixture-of-experts model")
     max_model_len = arch.max_position_embeddings

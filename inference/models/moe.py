@@ -56,11 +56,16 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weig
         sel = order[start:start + n]                                  # assignments to this expert
         start += n
         tokens = sel // top_k
-        h = F.linear(x[tokens], w13[expert])                          # [n, 2I]
+        h = _expert_linear(w13, expert, x[tokens])                     # [n, 2I]
         gate, up = h.chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert])                   # [n, H]
+        y = _expert_linear(w2, expert, F.silu(gate) * up)              # [n, H]
         out.index_add_(0, tokens, y.float() * flat_w[sel, None])
     return out.to(x.dtype)
+
+
+def _expert_linear(w, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """x @ w[expert].T, for a stacked weight or quantized experts (which have their own kernel)."""
+    return w.linear(expert, x) if hasattr(w, "linear") else F.linear(x, w[expert])
 
 
 class SharedExpert(nn.Module):

@@ -47,7 +47,8 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
     one decoder layer at a time: gptq on the outputs of the layers already quantized, awq on
     the unquantized ones. Returns a summary (bytes before/after, AWQ alphas)."""
     if model.arch.num_experts:
-        raise ValueError(f"quantize: {model.arch.model_type} mixture-of-experts layers cannot be quantized yet")
+        from inference.quantization.moe_experts import quantize_moe_model
+        return quantize_moe_model(model, cfg)
     linears = decoder_linears(model)
     if cfg.method != "rtn" and not windows:
         raise ValueError(f"quantize: {cfg.method} needs calibration windows")
