@@ -117,8 +117,10 @@ def parse_openai(body: dict) -> CompletionRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise ValueError("prompt: required, a string (one prompt per request)")
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
+    stop = body.get("stop")
+    if stop is None or stop == "":                 # (0 or false are not "no stop": they are refused)
+        stop = []
+    elif isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise ValueError("stop: must be a non-empty string or a list of at most 4 non-empty strings")

@@ -189,5 +189,8 @@ def test_inputs_schemathesis_found_get_a_4xx_or_a_plain_empty_completion(web):
     resp = web.post("/v1/completions", json={"segments": {"prefix": ""}}, headers=AUTH)
     assert resp.status_code == 200 and "X-Inference-Degraded" not in resp.headers
     assert [c["text"] for c in resp.get_json()["choices"]] == [""]
+    for stop in (0, False, {}):                    # falsy, but not a stop list
+        resp = web.post("/v1/completions", json={"prompt": "x", "stop": stop}, headers=AUTH)
+        assert resp.status_code == 400 and "stop" in resp.get_json()["error"]["message"]
     resp = web.post("/v1/repositories", json={"name": "r", "path": "/tmp/\x00x"}, headers=AUTH)
     assert resp.status_code == 400 and "NUL" in resp.get_json()["error"]["message"]
