@@ -104,6 +104,14 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         """Liveness."""
         return jsonify({"status": "ok"})
 
+    @app.get("/readyz")
+    @documented(responses={200: Status, 503: Status}, tags=("operations",))
+    def readyz():
+        """Readiness: 503 until the chat pipeline (embedder, intents, KB index) is built."""
+        if services.ready:
+            return jsonify({"status": "ready"})
+        return jsonify({"status": "warming"}), 503, {"Retry-After": "5"}
+
     @app.get("/openapi.json")
     def openapi():
         """This document, generated from the routes and their pydantic models (app/schemas.py)."""

@@ -14,19 +14,6 @@ import sys
 import threading
 
 
-def warm_up(web) -> None:
-    """Builds the chat pipeline (sentence embedder, intent examples, knowledge-base index; the
-    in-process engine loads in its own thread) now instead of on the first chat turn: built lazily,
-    they made every request of the first ~10-20 s after a start queue behind them."""
-    log = logging.getLogger(__name__)
-    try:
-        chat = web.extensions["support_chat"]["services"].chat
-        log.info("chat pipeline ready: %d intents, %d knowledge-base chunks", len(chat.detector.names),
-                 len(chat.kb.chunks))
-    except Exception:                      # the first chat turn builds it again
-        log.exception("warm-up failed; the first chat turn will retry")
-
-
 def serve(args: argparse.Namespace) -> int:
     import waitress
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
@@ -48,7 +35,8 @@ def serve(args: argparse.Namespace) -> int:
     app = GracefulShutdown(DispatcherMiddleware(web, mounts), float(os.environ.get("SHUTDOWN_DRAIN_S", "30")),
                            on_exit=client.close)
     app.install()                                # SIGTERM: refuse new requests, finish streams, exit
-    threading.Thread(target=warm_up, args=(web,), name="warm-up", daemon=True).start()
+    services = web.extensions["support_chat"]["services"]
+    threading.Thread(target=services.warm_up, name="warm-up", daemon=True).start()   # /readyz turns 200
     base = f"http://{args.host}:{args.port}"
     print(f"Support chat demo:   {base}/\nChat API:            {base}/api/chat  (X-Site-Key: demo-site-key)\n"
           + (f"OpenAI-compatible:   {base}/inference/v1  (model {primary.model})\n" if mounts else

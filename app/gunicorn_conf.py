@@ -10,6 +10,7 @@ Prometheus multiprocess mode: every worker writes its metrics under PROMETHEUS_M
 from __future__ import annotations
 
 import os
+import threading
 
 bind = os.environ.get("WEB_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("WEB_WORKERS", "2"))
@@ -33,3 +34,9 @@ def child_exit(server, worker):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
         multiprocess.mark_process_dead(worker.pid)
+
+
+def post_worker_init(worker):
+    """Each worker builds its chat pipeline at start; its /readyz is 503 until then."""
+    services = worker.wsgi.extensions["support_chat"]["services"]
+    threading.Thread(target=services.warm_up, name="warm-up", daemon=True).start()

@@ -2,6 +2,7 @@
 seconds to load): the inference client, intent detector, knowledge base and banned-word list."""
 from __future__ import annotations
 
+import logging
 import threading
 
 from filters.banned_words import BannedWordFilter
@@ -9,6 +10,8 @@ from pipelines.inference_client import InferenceClient, client_from_env
 from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
 from pipelines.support_chat import SupportChat
+
+log = logging.getLogger(__name__)
 
 
 class ChatServices:
@@ -40,6 +43,22 @@ class ChatServices:
             return chat.kb
         # no chat in this process (a worker): building the index fills the shared embeddings cache
         return KnowledgeBase(self.client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
+
+    @property
+    def ready(self) -> bool:
+        """The chat pipeline is built (what /readyz reports)."""
+        return self._chat is not None
+
+    def warm_up(self) -> None:
+        """Build the chat pipeline (sentence embedder, intent examples, knowledge-base index) now,
+        not on the first chat turn: built lazily, it made every request of the first ~10-20 s after
+        a start queue behind it. Run it on a thread at start (python -m app serve, gunicorn)."""
+        try:
+            chat = self.chat
+            log.info("chat pipeline ready: %d intents, %d knowledge-base chunks", len(chat.detector.names),
+                     len(chat.kb.chunks))
+        except Exception:                      # the first chat turn builds it again
+            log.exception("warm-up failed; the first chat turn will retry")
 
     @property
     def chat(self) -> SupportChat:

@@ -179,3 +179,13 @@ def test_bad_requests_get_clear_4xx(client):
         assert word in resp.get_json()["error"]
     # nothing was stored by the rejected requests
     assert client.get(f"/api/chat/sessions/{sid}", headers=KEY).get_json()["messages"] == []
+
+
+def test_readyz_is_503_until_the_chat_pipeline_is_built(tiny_client, tmp_path):
+    app = create_app({"KB_CACHE_DIR": str(tmp_path / "kb"), "REDIS_URL": None}, client=tiny_client)
+    web = app.test_client()
+    resp = web.get("/readyz")
+    assert resp.status_code == 503 and resp.get_json() == {"status": "warming"} and resp.headers["Retry-After"]
+    assert web.get("/healthz").status_code == 200                 # alive all the same
+    app.extensions["support_chat"]["services"].warm_up()          # what serve / gunicorn start on a thread
+    assert web.get("/readyz").get_json() == {"status": "ready"}
