@@ -30,7 +30,7 @@ from app.services import ChatServices
 from app.store import MemoryStore, RedisStore
 from app.tasks import celery_init_app
 from app.tenants import TenantRegistry
-from inference.openapi import build_spec, documented
+from inference.server_openapi import build_spec, documented
 from monitoring.reliability_metrics import ReliabilityCollector
 from monitoring.web_metrics import WebMetrics
 

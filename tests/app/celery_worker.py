@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.net import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,9 +23,4 @@ def start_worker(env: dict[str, str], capture: bool = True) -> subprocess.Popen:
 
 
 def stop_worker(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    stop_process(proc, timeout=20)

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.net import stop_process
+
 CHROMIUM = "/usr/bin/chromium"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SITE_KEY = "demo-site-key"
@@ -62,12 +64,7 @@ def server(tmp_path_factory):
             time.sleep(0.2)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, timeout=10)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inference.openapi import Body, Stream
+from inference.server_openapi import Body, Stream
 
 TokenId = Annotated[int, Field(ge=0)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 _ATTR = "__openapi__"
 _RULE_ARG = re.compile(r"<(?:[a-z_]+:)?([A-Za-z_][A-Za-z0-9_]*)>")
