@@ -1,6 +1,6 @@
 """Fused mixture-of-experts MLP: tokens grouped by expert, one Triton grouped GEMM over all experts
 for gate/up and one for down, un-permuted with the routing weights. The reference is
-inference/models/moe.py:experts_reference.
+inference/models/moe.py:experts_reference (and `route` for the router kernel here).
 
     assignments (token t, slot j) -> expert ids[t, j]; flat index a = t * k + j
     align:  sort the assignments by expert, pad each expert's run to BLOCK_M rows with a sentinel
@@ -13,8 +13,15 @@ inference/models/moe.py:experts_reference.
     GEMM 2: y[a]   = weight[a] * act[a] @ w2[e].T   [T*k, H]
             out[t] = sum_j y[t * k + j]
 
+A few tokens (decode at batch 1-2, MOE_GEMV_MAX_TOKENS) take a GEMV path instead: no alignment,
+no tensor-core tile of 16 rows for one, each assignment streams its expert's rows straight:
+
+    gemv up:   grid (T*k, I / BLOCK_N)   act[a, n] = silu(x[t] . w13[e, n]) * (x[t] . w13[e, I + n])
+    gemv down: grid (T, H / BLOCK_N)     out[t, n] = sum_j weight[t, j] * act[t*k + j] . w2[e_j, n]
+
 Every size is fixed by T, k and E, with no host sync: the whole path can be captured in a CUDA
-graph. Assignments whose weight is 0 (the router threshold dropped them) are not computed.
+graph. Assignments whose weight is 0 (the router threshold dropped them) are not computed, and
+their expert rows are not read.
 """
 from __future__ import annotations
 
@@ -23,15 +30,141 @@ import triton
 import triton.language as tl
 
 from kernels.activation import silu_and_mul
+from kernels.triton_utils import (
+    grid_dependency_launch,
+    grid_dependency_sync,
+    grid_dependency_wait,
+    pdl_options,
+    use_pdl,
+)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Up to this many tokens the GEMV path runs (each token re-reads its experts' rows; the grouped
+# GEMM reads each used expert once). H200 layer sweep: bench/NOTES.md (MoE runs).
+MOE_GEMV_MAX_TOKENS = 2
+# The one-program alignment kernel holds every assignment in registers: up to this many.
+ALIGN_KERNEL_MAX = 4096
 
 
-def align_assignments(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int):
+# ---- router ------------------------------------------------------------------------------------
+@triton.jit
+def _route_kernel(
+    LOGITS,                     # [T, E] router logits, any float dtype
+    WEIGHTS,                    # [T, TOP_K] fp32 out
+    IDS,                        # [T, TOP_K] int64 out
+    COUNTS,                     # [E] int64 expert-load counter (COUNT), += kept assignments
+    THRESHOLD,                  # [1] fp32 device tensor: read at run time, so graphs follow changes
+    E, stride_l,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    RENORM: tl.constexpr, COUNT: tl.constexpr, PDL: tl.constexpr,
+):
+    grid_dependency_sync(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    valid = offs < E
+    logits = tl.load(LOGITS + t * stride_l + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    p = tl.exp(logits - tl.max(logits, 0))
+    p = tl.where(valid, p, 0.0)
+    p = p / tl.sum(p, 0)                                              # softmax over all experts
+    q = tl.where(valid, p, -1.0)
+    kk = tl.arange(0, K_PAD)
+    w = tl.zeros([K_PAD], dtype=tl.float32)
+    ids = tl.zeros([K_PAD], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):                                  # top-k, best first
+        best = tl.max(q, 0)
+        idx = tl.min(tl.where(q == best, offs, E_PAD), 0)             # ties: the lowest expert
+        w = tl.where(kk == j, best, w)
+        ids = tl.where(kk == j, idx, ids)
+        q = tl.where(offs == idx, -1.0, q)
+    if RENORM:
+        w = w / tl.sum(w, 0)
+    # the threshold (0 = off keeps everything, renormalising once more changes nothing)
+    keep = (w >= tl.load(THRESHOLD)) | (kk == 0)
+    w = tl.where(keep & (kk < TOP_K), w, 0.0)
+    if RENORM:
+        w = w / tl.sum(w, 0)
+    kmask = kk < TOP_K
+    tl.store(WEIGHTS + t * TOP_K + kk, w, mask=kmask)
+    tl.store(IDS + t * TOP_K + kk, ids.to(tl.int64), mask=kmask)
+    if COUNT:
+        tl.atomic_add(COUNTS + ids, (w > 0).to(tl.int64), mask=kmask)
+
+
+def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool, threshold: torch.Tensor,
+                counts: torch.Tensor | None = None, pdl: bool | None = None):
+    """`route` in one kernel: logits [T, E] -> (weights [T, k] fp32, ids [T, k] int64); threshold
+    is a [1] fp32 tensor on the logits' device (0 = off); counts [E] int64 (if given) gains each
+    expert's kept assignments."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"fused_route: logits must be [T, E] with a contiguous last dim, got {tuple(logits.shape)}")
+    t, e = logits.shape
+    if not 1 <= top_k <= e:
+        raise ValueError(f"fused_route: top_k must be in [1, {e}], got {top_k}")
+    if threshold.numel() != 1 or threshold.dtype != torch.float32 or threshold.device != logits.device:
+        raise ValueError("fused_route: threshold must be a one-element fp32 tensor on the logits' device")
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    if t == 0:
+        return weights, ids
+    pdl = use_pdl(logits, pdl)
+    _route_kernel[(t,)](logits, weights, ids, counts if counts is not None else ids, threshold, e, logits.stride(0),
+                        TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=triton.next_power_of_2(e),
+                        RENORM=renormalize, COUNT=counts is not None, PDL=pdl, num_warps=1, **pdl_options(pdl))
+    return weights, ids
+
+
+# ---- alignment ---------------------------------------------------------------------------------
+@triton.jit
+def _align_kernel(
+    IDS, WEIGHTS,               # [num] expert id (int64) and routing weight (fp32) per assignment
+    SORTED,                     # [total] int32 out: assignment per padded row, sentinel num
+    BLOCK_EXPERT,               # [total / BLOCK_M] int32 out: expert per row block, -1 past the runs
+    num, total, E,
+    BLOCK_M: tl.constexpr, NUM_P: tl.constexpr, NB_P: tl.constexpr, FILL: tl.constexpr,
+):
+    # one program: every assignment in registers, one pass per expert (count, rank by prefix sum)
+    offs = tl.arange(0, NUM_P)
+    valid = offs < num
+    ids = tl.load(IDS + offs, mask=valid, other=0).to(tl.int32)
+    live = valid & (tl.load(WEIGHTS + offs, mask=valid, other=0.0) > 0)
+    for s in range(0, total, FILL):
+        fill = s + tl.arange(0, FILL)
+        tl.store(SORTED + fill, tl.zeros([FILL], dtype=tl.int32) + num, mask=fill < total)
+    tl.debug_barrier()                  # the sentinels land before any thread scatters over them
+    bidx = tl.arange(0, NB_P)
+    block_expert = tl.full([NB_P], -1, dtype=tl.int32)
+    start = 0
+    for e in range(E):
+        sel = (live & (ids == e)).to(tl.int32)
+        count = tl.sum(sel, 0)
+        rank = tl.cumsum(sel, 0) - 1
+        tl.store(SORTED + start + rank, offs, mask=sel > 0)
+        first = start // BLOCK_M
+        nblocks = (count + BLOCK_M - 1) // BLOCK_M
+        block_expert = tl.where((bidx >= first) & (bidx < first + nblocks), e, block_expert)
+        start += nblocks * BLOCK_M
+    tl.store(BLOCK_EXPERT + bidx, block_expert, mask=bidx < total // BLOCK_M)
+
+
+def align_assignments(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int,
+                      use_kernel: bool | None = None):
     """ids, weights [T, k] -> (sorted_ids [P] int32, block_expert [P // block_m] int32) with
     P = T*k + E*(block_m - 1) rounded up to block_m. Padding rows hold the sentinel T*k; blocks past
-    the last expert's run get expert -1 (skipped)."""
+    the last expert's run get expert -1 (skipped). Up to ALIGN_KERNEL_MAX assignments one Triton
+    program does it (one launch instead of ~30 small PyTorch ops); above, PyTorch's sort."""
     num = ids.numel()
+    total = -(-(num + num_experts * (block_m - 1)) // block_m) * block_m
+    if use_kernel is None:
+        use_kernel = num <= ALIGN_KERNEL_MAX
+    if use_kernel:
+        sorted_ids = torch.empty(total, dtype=torch.int32, device=ids.device)
+        block_expert = torch.empty(total // block_m, dtype=torch.int32, device=ids.device)
+        num_p = max(16, triton.next_power_of_2(num))
+        _align_kernel[(1,)](ids.contiguous(), weights.float().contiguous(), sorted_ids, block_expert, num, total,
+                            num_experts, BLOCK_M=block_m, NUM_P=num_p,
+                            NB_P=max(16, triton.next_power_of_2(total // block_m)), FILL=1024,
+                            num_warps=4 if num_p <= 1024 else 8)
+        return sorted_ids, block_expert
     flat = ids.flatten().to(torch.int64)
     live = weights.flatten() > 0
     key = torch.where(live, flat, num_experts)                        # dropped: after every expert
@@ -45,7 +178,6 @@ def align_assignments(ids: torch.Tensor, weights: torch.Tensor, num_experts: int
     sorted_key = key[order]
     expert_of = sorted_key.clamp(max=num_experts - 1)                 # (dropped ones go to the drop slot)
     rank = torch.arange(num, device=ids.device) - run_start[expert_of]
-    total = -(-(num + num_experts * (block_m - 1)) // block_m) * block_m
     sorted_ids = torch.full((total + 1,), num, dtype=torch.int32, device=ids.device)   # +1: the drop slot
     dest = torch.where(sorted_key < num_experts, pad_start[expert_of] + rank, total)
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
@@ -57,6 +189,7 @@ def align_assignments(ids: torch.Tensor, weights: torch.Tensor, num_experts: int
     return sorted_ids, block_expert
 
 
+# ---- grouped GEMM ------------------------------------------------------------------------------
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr,                  # [rows of A, K]: x (A_PER_TOKEN: row = assignment // TOP_K) or act
@@ -102,20 +235,125 @@ def _grouped_gemm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < N))
 
 
+def choose_config(num_tokens: int, top_k: int, num_experts: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped GEMM by the mean rows per
+    expert: row tiles no taller than an expert's run, long K slabs while the weights stream
+    (memory-bound), square tiles once there are rows enough for the tensor cores."""
+    rows = num_tokens * top_k / num_experts
+    if rows <= 16:
+        return (16, 64, 128, 4, 4)
+    if rows <= 32:
+        return (32, 64, 128, 4, 4)
+    if rows <= 96:
+        return (64, 128, 64, 4, 4)
+    return (128, 128, 64, 8, 3)
+
+
 def _grouped_gemm(a, b, out, weights, sorted_ids, block_expert, top_k: int, per_token: bool, mul_weight: bool,
-                  block_m: int, block_n: int, block_k: int) -> None:
+                  config: tuple[int, int, int, int, int]) -> None:
+    block_m, block_n, block_k, warps, stages = config
     n, k = b.shape[1], b.shape[2]
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _grouped_gemm_kernel[grid](a, b, out, weights, sorted_ids, block_expert, out.shape[0], n, k,
                                a.stride(0), b.stride(0), b.stride(1), out.stride(0),
                                TOP_K=top_k, A_PER_TOKEN=per_token, MUL_WEIGHT=mul_weight,
-                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                               num_warps=warps, num_stages=stages)
+
+
+# ---- GEMV path (a few tokens) ------------------------------------------------------------------
+@triton.jit
+def _gemv_up_kernel(
+    X, W13, ACT, WEIGHTS, IDS,  # x [T, H], w13 [E, 2I, H], act [T*k, I] out, weights / ids [T*k]
+    I, H, stride_xm, stride_we, stride_wn, stride_am,  # noqa: E741
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    grid_dependency_wait(PDL)
+    a = tl.program_id(0).to(tl.int64)
+    if tl.load(WEIGHTS + a) == 0:       # dropped by the threshold: nothing reads its act row
+        grid_dependency_launch(PDL)
+        return
+    expert = tl.load(IDS + a).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < I
+    x_row = X + (a // TOP_K) * stride_xm
+    g_rows = W13 + expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn        # [BLOCK_N, 1]
+    u_rows = g_rows + I * stride_wn
+    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < H
+        x = tl.load(x_row + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]    # [1, BLOCK_K]
+        m = n_mask[:, None] & k_mask[None, :]
+        g = tl.load(g_rows + rk[None, :], mask=m, other=0.0)
+        u = tl.load(u_rows + rk[None, :], mask=m, other=0.0)
+        acc_g += tl.sum(g.to(tl.float32) * x, 1)
+        acc_u += tl.sum(u.to(tl.float32) * x, 1)
+    grid_dependency_launch(PDL)
+    act = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(ACT + a * stride_am + rn, act.to(ACT.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _gemv_down_kernel(
+    ACT, W2, OUT, WEIGHTS, IDS,  # act [T*k, I], w2 [E, H, I], out [T, H], weights / ids [T*k]
+    H, I, stride_am, stride_we, stride_wn, stride_om,  # noqa: E741
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    grid_dependency_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < H
+    out = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        a = t * TOP_K + j
+        weight = tl.load(WEIGHTS + a)
+        k_end = tl.where(weight != 0, I, 0)     # dropped: every load masked off, no bytes read
+        expert = tl.load(IDS + a).to(tl.int64)
+        rows = W2 + expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn
+        act_row = ACT + a * stride_am
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = rk < k_end
+            x = tl.load(act_row + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+            w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x, 1)
+        out += weight * acc
+    grid_dependency_launch(PDL)
+    tl.store(OUT + t * stride_om + rn, out.to(OUT.dtype.element_ty), mask=n_mask)
+
+
+def _experts_gemv(x, w13, w2, weights, ids, block_n: int = 2, num_warps: int = 4, pdl: bool | None = None):
+    t, h = x.shape
+    two_i = w13.shape[1]
+    inter, top_k = two_i // 2, ids.shape[1]
+    flat_w = weights.flatten().float().contiguous()
+    flat_ids = ids.flatten().contiguous()
+    pdl = use_pdl(x, pdl)
+    act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)         # [T*k, I]
+    _gemv_up_kernel[(t * top_k, triton.cdiv(inter, block_n))](
+        x, w13, act, flat_w, flat_ids, inter, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(h)), PDL=pdl,
+        num_warps=num_warps, **pdl_options(pdl))
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)                     # [T, H]
+    _gemv_down_kernel[(t, triton.cdiv(h, block_n))](
+        act, w2, out, flat_w, flat_ids, h, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(inter)), PDL=pdl,
+        num_warps=num_warps, **pdl_options(pdl))
+    return out
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                  block_m: int = 16, block_n: int = 64, block_k: int = 32) -> torch.Tensor:
+                  block_m: int | None = None, block_n: int | None = None, block_k: int | None = None,
+                  config: tuple[int, int, int, int, int] | None = None, gemv: bool | None = None) -> torch.Tensor:
     """Same contract as experts_reference: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k]
-    (fp32; 0 = skip), ids [T, k] -> [T, H] in x's dtype."""
+    (fp32; 0 = skip), ids [T, k] -> [T, H] in x's dtype.
+
+    gemv: the GEMV path (default: up to MOE_GEMV_MAX_TOKENS tokens); otherwise the grouped GEMM
+    with `config` (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages; default choose_config), whose first
+    three block_m / block_n / block_k override."""
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"fused_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {list(x.shape)}, "
                          f"{list(w13.shape)}, {list(w2.shape)}")
@@ -134,11 +372,21 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     if t == 0:
         return torch.zeros_like(x)
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    sorted_ids, block_expert = align_assignments(ids, weights, e, block_m)
+    if gemv is None:
+        gemv = t <= MOE_GEMV_MAX_TOKENS
+    if gemv:
+        return _experts_gemv(x, w13, w2, weights, ids)
+    cfg = list(config or choose_config(t, top_k, e))
+    for i, override in enumerate((block_m, block_n, block_k)):
+        if override is not None:
+            cfg[i] = override
+    config = tuple(cfg)
+    sorted_ids, block_expert = align_assignments(ids, weights, e, config[0])
     flat_w = weights.flatten().float().contiguous()
-    h13 = torch.zeros(t * top_k, two_i, dtype=x.dtype, device=x.device)          # [T*k, 2I]
-    _grouped_gemm(x, w13, h13, flat_w, sorted_ids, block_expert, top_k, True, False, block_m, block_n, block_k)
+    # rows of dropped assignments stay unwritten in h13 / act: no sorted row points at them
+    h13 = torch.empty(t * top_k, two_i, dtype=x.dtype, device=x.device)         # [T*k, 2I]
+    _grouped_gemm(x, w13, h13, flat_w, sorted_ids, block_expert, top_k, True, False, config)
     act = silu_and_mul(h13)                                                       # [T*k, I]
     y = torch.zeros(t * top_k, h, dtype=torch.float32, device=x.device)          # [T*k, H]
-    _grouped_gemm(act, w2, y, flat_w, sorted_ids, block_expert, 1, False, True, block_m, block_n, block_k)
+    _grouped_gemm(act, w2, y, flat_w, sorted_ids, block_expert, 1, False, True, config)
     return y.view(t, top_k, h).sum(dim=1).to(x.dtype)

@@ -94,19 +94,34 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = SharedExpert(h, arch.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(h, 1, bias=False)
         self.threshold = 0.0                           # set by set_router_threshold
+        # GPU transform (use_router_kernel): one-kernel router, threshold read from a device tensor
+        self.router_kernel = None
+        self.threshold_tensor: torch.Tensor | None = None
         # tokens routed to each expert, cumulative (read at scrape time: the expert-load metric)
         self.register_buffer("expert_tokens", torch.zeros(e, dtype=torch.int64), persistent=False)
         self.experts = experts_reference               # a GPU transform swaps in the fused kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]"""
-        weights, ids = route(self.gate.forward(x), self.top_k, self.renormalize, self.threshold)
-        # on the device, no host sync: the engine reads the counts when it reports stats
-        self.expert_tokens.index_add_(0, ids.flatten(), (weights > 0).flatten().long())
+        logits = self.gate.forward(x)
+        if self.router_kernel is not None:
+            weights, ids = self.router_kernel(logits, self.top_k, self.renormalize, self.threshold_tensor,
+                                              self.expert_tokens)
+        else:
+            weights, ids = route(logits, self.top_k, self.renormalize, self.threshold)
+            # on the device, no host sync: the engine reads the counts when it reports stats
+            self.expert_tokens.index_add_(0, ids.flatten(), (weights > 0).flatten().long())
         out = self.experts(x, self.w13, self.w2, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate.forward(x)) * self.shared_expert.forward(x)
         return out
+
+    def use_router_kernel(self, kernel) -> None:
+        """Route with `kernel` (kernels/fused_moe.py:fused_route: softmax, top-k, threshold and the
+        expert-load count in one launch). Its threshold lives in a device tensor, so CUDA graphs
+        captured once follow set_router_threshold."""
+        self.router_kernel = kernel
+        self.threshold_tensor = torch.full((1,), self.threshold, dtype=torch.float32, device=self.w13.device)
 
 
 def moe_blocks(model: nn.Module) -> list[tuple[int, SparseMoeBlock]]:
@@ -122,6 +137,8 @@ def set_router_threshold(model: nn.Module, threshold: float) -> None:
         raise ValueError("router_weights_threshold: the model has no mixture-of-experts layers")
     for _, block in blocks:
         block.threshold = float(threshold)
+        if block.threshold_tensor is not None:
+            block.threshold_tensor.fill_(block.threshold)
 
 
 def expert_load(model: nn.Module) -> dict[int, list[int]]:

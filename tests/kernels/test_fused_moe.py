@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inference.models.moe import experts_reference, route
-from kernels.fused_moe import align_assignments, fused_experts
+from kernels.fused_moe import align_assignments, fused_experts, fused_route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -27,19 +27,44 @@ def _case(t, h, inter, e, k, dtype, threshold, seed):
 
 
 @pytest.mark.parametrize("t,e,k,threshold", [(1, 4, 2, 0.0), (5, 8, 2, 0.0), (33, 4, 1, 0.0), (19, 6, 3, 0.3),
-                                             (3, 16, 2, 0.0)])
+                                             (3, 16, 2, 0.0), (2, 8, 2, 0.45)])
 def test_fused_experts_match_the_reference(t, e, k, threshold):
     x, w13, w2, weights, ids = _case(t, 32, 48, e, k, torch.float32, threshold, 0)
-    got = fused_experts(x, w13, w2, weights, ids, block_m=16, block_n=32, block_k=16)
+    got = fused_experts(x, w13, w2, weights, ids, block_m=16, block_n=32, block_k=16, gemv=False)
     torch.testing.assert_close(got, experts_reference(x, w13, w2, weights, ids), rtol=2e-4, atol=2e-4)
 
 
-def test_alignment_puts_each_live_assignment_once_in_its_experts_blocks():
+@pytest.mark.parametrize("t,e,k,threshold", [(1, 4, 2, 0.0), (2, 8, 2, 0.45), (5, 6, 3, 0.3)])
+def test_gemv_path_matches_the_reference(t, e, k, threshold):
+    """Few tokens: no alignment, one program per (assignment, rows); dropped assignments read nothing."""
+    x, w13, w2, weights, ids = _case(t, 48, 40, e, k, torch.float32, threshold, 1)
+    assert threshold == 0 or (weights == 0).any()
+    got = fused_experts(x, w13, w2, weights, ids, gemv=True)
+    torch.testing.assert_close(got, experts_reference(x, w13, w2, weights, ids), rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("t,e,k,renormalize,threshold", [(1, 8, 2, True, 0.0), (7, 8, 2, True, 0.3),
+                                                         (5, 6, 3, False, 0.2), (4, 60, 4, False, 0.0)])
+def test_router_kernel_matches_route_and_counts(t, e, k, renormalize, threshold):
+    gen = torch.Generator(device=DEVICE).manual_seed(t * 100 + e)
+    logits = torch.randn(t, e, generator=gen, device=DEVICE) * 2
+    want_w, want_ids = route(logits, k, renormalize, threshold)
+    counts = torch.zeros(e, dtype=torch.int64, device=DEVICE)
+    got_w, got_ids = fused_route(logits, k, renormalize, torch.full((1,), threshold, device=DEVICE), counts)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-6, atol=1e-6)
+    want_counts = torch.zeros(e, dtype=torch.int64, device=DEVICE)
+    want_counts.index_add_(0, want_ids.flatten(), (want_w > 0).flatten().long())
+    assert torch.equal(counts, want_counts)
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_alignment_puts_each_live_assignment_once_in_its_experts_blocks(use_kernel):
     gen = torch.Generator().manual_seed(7)
     ids = torch.randint(0, 5, (23, 2), generator=gen)
     weights = torch.rand(23, 2, generator=gen)
     weights[::4, 1] = 0                                              # dropped by a threshold
-    sorted_ids, block_expert = align_assignments(ids.to(DEVICE), weights.to(DEVICE), 5, 8)
+    sorted_ids, block_expert = align_assignments(ids.to(DEVICE), weights.to(DEVICE), 5, 8, use_kernel=use_kernel)
     sorted_ids, block_expert = sorted_ids.cpu(), block_expert.cpu()
     live = [a for a in range(46) if weights.flatten()[a] > 0]
     real = sorted_ids[sorted_ids < 46]
@@ -48,6 +73,15 @@ def test_alignment_puts_each_live_assignment_once_in_its_experts_blocks():
         if a < 46:
             assert block_expert[row // 8] == ids.flatten()[a]
     assert sorted_ids.numel() % 8 == 0 and (block_expert[block_expert >= 0].diff() >= 0).all()
+
+
+def test_alignment_kernel_agrees_with_the_sort():
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, 8, (300, 2), generator=gen).to(DEVICE)
+    weights = (torch.rand(300, 2, generator=gen) * (torch.rand(300, 2, generator=gen) > 0.1)).to(DEVICE)
+    for got, want in zip(align_assignments(ids, weights, 8, 16, use_kernel=True),
+                         align_assignments(ids, weights, 8, 16, use_kernel=False)):
+        assert torch.equal(got, want)
 
 
 def test_bad_shapes_are_refused():
@@ -61,9 +95,33 @@ def test_bad_shapes_are_refused():
 
 
 @requires_cuda
-@pytest.mark.parametrize("t", [1, 7, 64, 512])
+@pytest.mark.parametrize("t", [1, 2, 7, 64, 512, 3000])
 def test_mixtral_sized_layer_in_bf16(t):
+    """Every path the defaults pick (GEMV, each grouped config, the sort above ALIGN_KERNEL_MAX)."""
     x, w13, w2, weights, ids = _case(t, 4096, 1792, 8, 2, torch.bfloat16, 0.0, 2)   # 1/8 of Mixtral's I
-    got = fused_experts(x, w13, w2, weights, ids, block_m=64, block_n=128, block_k=64)
+    got = fused_experts(x, w13, w2, weights, ids)
     ref = experts_reference(x.float(), w13.float(), w2.float(), weights, ids)
     torch.testing.assert_close(got.float(), ref, rtol=3e-2, atol=3e-2)
+
+
+@requires_cuda
+@pytest.mark.parametrize("t", [1, 64])
+def test_mixtral_layer_at_real_shape_under_a_cuda_graph(t):
+    """Router kernel + experts at Mixtral's full shape (I 14336), captured and replayed on new inputs."""
+    x, w13, w2, _, _ = _case(t, 4096, 14336, 8, 2, torch.bfloat16, 0.0, 3)
+    gate = torch.randn(8, 4096, device=DEVICE, dtype=torch.bfloat16) * 0.05
+    threshold = torch.zeros(1, device=DEVICE)
+
+    def layer():
+        weights, ids = fused_route(x @ gate.T, 2, True, threshold)
+        return fused_experts(x, w13, w2, weights, ids)
+
+    layer()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    weights, ids = route(x @ gate.T, 2, True)
+    ref = experts_reference(x.float(), w13.float(), w2.float(), weights, ids)
+    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
