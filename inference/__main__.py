@@ -18,6 +18,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="fp8_e4m3: half the KV bytes; int8: per-row scales, CPU path")
+    p.add_argument("--swap-space", type=float,
+                   help="GiB of host memory (pinned on CUDA) that keeps prefix-cached KV blocks evicted from the "
+                        "device, copied back on a hit (0 = off)")
+    p.add_argument("--kv-disk-path", help="directory for the disk KV tier below the host tier")
+    p.add_argument("--kv-disk-bytes", type=int, help="size of the disk KV tier in bytes (0 = off)")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
@@ -36,7 +41,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
-            "enforce_eager", "quantization", "kv_cache_dtype", "router_weights_threshold"]
+            "enforce_eager", "quantization", "kv_cache_dtype", "router_weights_threshold", "swap_space",
+            "kv_disk_path", "kv_disk_bytes"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 

@@ -13,6 +13,11 @@ tokens start the same way (reference counted). A block whose count drops to zero
 free queue but keeps its hash, so a later request can still hit it; it is only forgotten when
 the block is taken from the front of the queue for new data (LRU eviction).
 
+Lower tiers (optional, `tiers`): a hashed block taken for new data first has its KV copied to
+host memory (and from there, when that fills, to disk), and a prefix lookup continues below the
+device: such a hit gets a device block and a copy back up (inference/kv_tiers.py). The copies are
+recorded here and run by the model runner before the step's forward.
+
 This class never sees tensors; the model runner owns the memory the block ids index.
 """
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from inference.kv_tiers import KVTierIndex, KVTierStats, KVTransfer, TransferOp
 from inference.request import Request
 
 
@@ -43,7 +49,8 @@ class PrefixCacheStats:
 class BlockManager:
     """Owns every KV block. The scheduler asks; the model runner only reads block ids."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 tiers: KVTierIndex | None = None):
         if num_blocks < 1:
             raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -56,6 +63,7 @@ class BlockManager:
         self.req_to_blocks: dict[str, list[int]] = {}      # req_id -> block table
         self.req_num_cached: dict[str, int] = {}           # req_id -> blocks registered in the cache
         self.prefix_stats = PrefixCacheStats()
+        self.tiers = tiers if enable_prefix_caching else None     # host / disk tiers below this pool
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -83,13 +91,52 @@ class BlockManager:
             return [], 0
         request.update_block_hashes(self.block_size)
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hit: list[int] = []
-        for block_hash in request.block_hashes[:max_blocks]:
+        hit: list[int | None] = []          # None: only a lower tier holds it (loaded below)
+        hashes = request.block_hashes[:max_blocks]
+        for block_hash in hashes:
             block_id = self.cached_blocks.get(block_hash)
-            if block_id is None:
+            if block_id is None and (self.tiers is None or not self.tiers.contains(block_hash)):
                 break
             hit.append(block_id)
+        if None in hit:
+            hit = self._load_from_tiers(request, hashes[:len(hit)], hit)
         return hit, len(hit) * self.block_size
+
+    def _load_from_tiers(self, request: Request, hashes: list[bytes], hit: list[int | None]) -> list[int]:
+        """Give every lower-tier entry of a prefix hit a device block and record its copy up. The
+        loaded blocks join the device prefix cache (free, MRU end of the queue) like any other
+        hit. Only when the whole request then fits: a load for a request that cannot be admitted
+        would be evicted again by the running ones before it is (copies for nothing, every step);
+        without room the hit stops at its first lower-tier block."""
+        tiers = self.tiers
+        for block_id in hit:                 # device hits must not be evicted by the loads
+            if block_id is not None:
+                self._touch(block_id)
+        num_device = sum(1 for b in hit if b is not None)
+        fits = self.num_free_blocks >= self.num_blocks_for(request.num_tokens) - num_device
+        tiers.pin(hashes)
+        num_hit = len(hit) if fits else hit.index(None)
+        for i, block_hash in enumerate(hashes[:num_hit]):
+            if hit[i] is not None:
+                continue
+            slot = tiers.stage_for_load(block_hash) if self.free_queue else None
+            if slot is None:
+                num_hit = i
+                break
+            block_id = self._take_free_block()           # may offload another block first
+            tiers.record_load(block_hash, slot, block_id)
+            self.blocks[block_id].block_hash = block_hash
+            self.cached_blocks[block_hash] = block_id
+            hit[i] = block_id
+        tiers.unpin()
+        for block_id in reversed(hit):       # as free() does: the tail is evicted first
+            if block_id is None:
+                continue
+            block = self.blocks[block_id]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block_id] = None
+        return hit[:num_hit]
 
     # ---- allocation ----------------------------------------------------------------------
     def can_allocate(self, request: Request, num_new_tokens: int,
@@ -174,6 +221,29 @@ class BlockManager:
         self.cached_blocks.clear()
         for req_id in self.req_num_cached:
             self.req_num_cached[req_id] = 0
+        if self.tiers is not None:
+            self.tiers.clear()
+
+    # ---- lower tiers -------------------------------------------------------------------------
+    def take_kv_transfers(self) -> list[KVTransfer]:
+        """Copies between tiers recorded since the last call, in order; the step that carries
+        them runs them before its forward."""
+        return self.tiers.take_transfers() if self.tiers is not None else []
+
+    def forget_kv_transfers(self, transfers: list[KVTransfer]) -> None:
+        """A step failed, so its copies may not have run: forget the hashes of what they filled."""
+        if self.tiers is None or not transfers:
+            return
+        self.tiers.forget_transfers(transfers)
+        for t in transfers:
+            if t.op is TransferOp.HOST_TO_DEVICE:
+                block = self.blocks[t.dst]
+                if block.block_hash is not None and self.cached_blocks.get(block.block_hash) == t.dst:
+                    del self.cached_blocks[block.block_hash]
+                block.block_hash = None
+
+    def tier_stats(self) -> KVTierStats | None:
+        return self.tiers.stats() if self.tiers is not None else None
 
     # ---- internals -----------------------------------------------------------------------
     def _touch(self, block_id: int) -> None:
@@ -188,6 +258,8 @@ class BlockManager:
         if block.block_hash is not None:                      # evict from the prefix cache
             if self.cached_blocks.get(block.block_hash) == block_id:
                 del self.cached_blocks[block.block_hash]
+                if self.tiers is not None:                    # ... down to the host tier
+                    self.tiers.on_device_evict(block.block_hash, block_id)
             block.block_hash = None
         block.ref_cnt = 1
         return block_id

@@ -61,8 +61,16 @@ class CacheConfig:
     # +-448); the CUDA kernels upcast it to the model's dtype as tiles load. "int8": symmetric,
     # one fp32 scale per (token, head) row, 0.52x the bytes of bf16 at head_dim 128 (CPU path)
     kv_cache_dtype: str = "auto"
+    # Tiered KV cache (inference/kv_tiers.py): prefix-cached blocks evicted from the device pool
+    # move to this many GiB of (pinned, on CUDA) host memory instead of being forgotten, and a
+    # later prefix hit copies them back up. vLLM's name; 0 = off.
+    swap_space: float = 0.0
+    # below the host tier: a file of kv_disk_bytes in the directory kv_disk_path (0 = off)
+    kv_disk_path: str | None = None
+    kv_disk_bytes: int = 0
 
     def __post_init__(self) -> None:
+        self._check_tiers()
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -71,6 +79,30 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory_bytes: must be > 0, got {self.kv_cache_memory_bytes}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    def _check_tiers(self) -> None:
+        swap = self.swap_space
+        if not isinstance(swap, (int, float)) or isinstance(swap, bool) or not 0 <= swap < float("inf"):
+            raise ValueError(f"swap_space: must be a number of GiB >= 0 (0 = no host KV tier), got {swap!r}")
+        if not isinstance(self.kv_disk_bytes, int) or isinstance(self.kv_disk_bytes, bool) or self.kv_disk_bytes < 0:
+            raise ValueError(f"kv_disk_bytes: must be an integer >= 0 (0 = no disk KV tier), got {self.kv_disk_bytes!r}")
+        if self.kv_disk_path is not None and (not isinstance(self.kv_disk_path, str) or not self.kv_disk_path):
+            raise ValueError(f"kv_disk_path: must be a directory path, got {self.kv_disk_path!r}")
+        if self.kv_disk_bytes and self.kv_disk_path is None:
+            raise ValueError("kv_disk_bytes: the disk KV tier needs kv_disk_path (a directory for its file)")
+        if self.kv_disk_path is not None and not self.kv_disk_bytes:
+            raise ValueError("kv_disk_path: set kv_disk_bytes > 0 to size the disk KV tier")
+        if self.kv_disk_bytes and not swap:
+            raise ValueError("kv_disk_bytes: the disk KV tier sits below the host tier; set swap_space > 0 too")
+        if swap and not self.enable_prefix_caching:
+            raise ValueError("swap_space: the host KV tier keeps prefix-cached blocks; it needs "
+                             "enable_prefix_caching=True")
+
+    @property
+    def swap_space_bytes(self) -> int:
+        return int(self.swap_space * 2**30)
+
+
 
 
 @dataclass(frozen=True)
@@ -120,6 +152,9 @@ class EngineConfig:
         "kv_cache_memory_bytes": ("cache", "kv_cache_memory_bytes"),
         "enable_prefix_caching": ("cache", "enable_prefix_caching"),
         "kv_cache_dtype": ("cache", "kv_cache_dtype"),
+        "swap_space": ("cache", "swap_space"),
+        "kv_disk_path": ("cache", "kv_disk_path"),
+        "kv_disk_bytes": ("cache", "kv_disk_bytes"),
         "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
         "max_num_seqs": ("scheduler", "max_num_seqs"),
         "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),

@@ -13,6 +13,7 @@ from typing import Any
 from inference.block_manager import BlockManager
 from inference.config import EngineConfig
 from inference.loader.model_loader import load_model
+from inference.kv_tier_store import tier_index_for
 from inference.model_runner import StepHandle, build_runner
 from inference.output_processor import RequestState, child_id, now
 from inference.outputs import StreamDelta
@@ -44,7 +45,7 @@ class LLMEngine:
         self.max_model_len = loaded.max_model_len
         self.runner = build_runner(loaded, config)
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching)
+                                          config.cache.enable_prefix_caching, tier_index_for(self.runner))
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
         eos = self.tokenizer.eos_token_id
         self.eos_token_id = eos if eos is not None else (self.arch.eos_token_ids or [None])[0]

@@ -62,6 +62,13 @@ def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source
 
 
 def build_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
+    """The runner for the model's device, with its host / disk KV tiers when configured."""
+    runner = _device_runner(loaded, config)
+    runner.attach_kv_tiers(config.cache)
+    return runner
+
+
+def _device_runner(loaded: LoadedModel, config: EngineConfig) -> "ModelRunner":
     """The runner for the model's device; on CUDA the KV cache is sized from free memory."""
     if loaded.device.type == "cuda":
         if config.cache.kv_cache_dtype == "int8":
@@ -101,6 +108,7 @@ class ModelRunner:
     # True when launch() returns before the device finishes, so the engine schedules and
     # launches the next step, and processes this one's outputs, while the device computes.
     overlaps = False
+    kv_tier_store = None          # KVTierStore: host / disk slots below the KV cache (attach_kv_tiers)
 
     def __init__(self, loaded: LoadedModel, cache: CacheConfig, num_blocks: int, seed: int = 0):
         self.num_blocks = num_blocks
@@ -128,6 +136,7 @@ class ModelRunner:
     def launch(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
         """Start a step. `prev`: the step before it when that one is not collected yet (async
         scheduling); a decode whose input token it sampled takes the token from it."""
+        self.apply_kv_transfers(sched)
         t0 = time.perf_counter()
         handle = self._launch(sched, prev)
         self.timings.num_steps += 1
@@ -136,6 +145,23 @@ class ModelRunner:
 
     def _launch(self, sched: SchedulerOutput, prev: StepHandle | None) -> StepHandle:
         return StepHandle(output=self.execute(sched, prev))
+
+    # ---- KV tiers (inference/kv_tiers.py) ------------------------------------------------------
+    def attach_kv_tiers(self, cache: CacheConfig) -> None:
+        """Allocate the host (and disk) tiers `cache` asks for below this runner's KV cache."""
+        from inference.kv_tier_store import KVTierStore, tier_sizes
+        k = self.kv_caches[0][0]
+        bytes_per_block = 2 * len(self.kv_caches) * k[0].numel() * k.element_size()
+        sizes = tier_sizes(cache, bytes_per_block)
+        if sizes is not None:
+            self.kv_tier_store = KVTierStore(self.kv_caches, sizes, cache.kv_disk_path)
+
+    def apply_kv_transfers(self, sched: SchedulerOutput) -> None:
+        """Run the step's copies between KV tiers before anything of its forward: offloads read
+        blocks this step overwrites, loads fill blocks its attention reads. On CUDA they are
+        queued on a side stream the compute stream waits for."""
+        if self.kv_tier_store is not None:
+            self.kv_tier_store.apply(sched)
 
     def collect(self, handle: StepHandle) -> ModelRunnerOutput:
         if handle.output is not None:

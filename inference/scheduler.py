@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from inference.block_manager import BlockManager
 from inference.config import SchedulerConfig
+from inference.kv_tiers import KVTierStats, KVTransfer
 from inference.request import Request, RequestStatus
 
 
@@ -38,6 +39,8 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     total_num_scheduled_tokens: int = 0
+    # copies between KV tiers the runner makes before this step's forward (inference/kv_tiers.py)
+    kv_transfers: list[KVTransfer] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -60,6 +63,7 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    kv_tiers: KVTierStats | None = None       # host / disk KV tiers, when configured
 
 
 class Scheduler:
@@ -154,6 +158,8 @@ class Scheduler:
             self.running.append(request)
             self._schedule(out, request, num_new)
             budget -= num_new
+        if out.scheduled:                       # an empty step is not launched: copies wait for one
+            out.kv_transfers = bm.take_kv_transfers()
         return out
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
@@ -189,11 +195,13 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING:
                 request.num_computed_tokens = min(request.num_computed_tokens, item.num_computed_tokens)
                 request.num_placeholders = 0
+        self.block_manager.forget_kv_transfers(out.kv_transfers)
 
     def stats(self) -> SchedulerStats:
         bm = self.block_manager
         return SchedulerStats(len(self.running), len(self.waiting), bm.usage,
-                              bm.prefix_stats.queries, bm.prefix_stats.hits, self.num_preemptions)
+                              bm.prefix_stats.queries, bm.prefix_stats.hits, self.num_preemptions,
+                              bm.tier_stats())
 
     # ---- internals -----------------------------------------------------------------------
     def _schedule(self, out: SchedulerOutput, request: Request, num_new: int) -> None:

@@ -107,6 +107,31 @@ class _ExpertLoadCollector:
         return [fam]
 
 
+class _TierMetrics:
+    """The host / disk KV tiers (inference/kv_tiers.py): per tier usage, prefix-hit tokens found
+    there, bytes copied in (from the tier above) and out (back up), entries evicted."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str, model_name: str):
+        self.model_name, labels = model_name, ["model_name", "tier"]
+        self.usage = Gauge(f"{prefix}:kv_tier_usage", "Fraction of a KV tier's slots holding a block.",
+                           labels, registry=registry)
+        self.hits = Counter(f"{prefix}:kv_tier_hits", "Prefix-hit tokens found in a KV tier (copied up, "
+                                                      "not recomputed).", labels, registry=registry)
+        self.bytes = Counter(f"{prefix}:kv_tier_bytes", "Bytes copied into (in) or out of (out) a KV tier.",
+                             [*labels, "direction"], registry=registry)
+        self.evictions = Counter(f"{prefix}:kv_tier_evictions", "Blocks a full KV tier dropped or moved down.",
+                                 labels, registry=registry)
+
+    def observe(self, stats, advance) -> None:
+        m = self.model_name
+        for t in stats.tiers:
+            self.usage.labels(m, t.tier).set(t.usage)
+            advance(f"kv_tier_hits:{t.tier}", t.hit_tokens, self.hits.labels(m, t.tier))
+            advance(f"kv_tier_bytes_in:{t.tier}", t.bytes_in, self.bytes.labels(m, t.tier, "in"))
+            advance(f"kv_tier_bytes_out:{t.tier}", t.bytes_out, self.bytes.labels(m, t.tier, "out"))
+            advance(f"kv_tier_evictions:{t.tier}", t.num_evictions, self.evictions.labels(m, t.tier))
+
+
 class EngineMetrics:
     """Engine stats -> Prometheus metrics, in a registry of its own (several engines or tests may
     live in one process). Call `observe` once per engine step, `render` on each scrape."""
@@ -151,6 +176,7 @@ class EngineMetrics:
                                                TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("request_generation_tokens",
                                                    "Generated tokens of finished requests.", TOKEN_BUCKETS)
+        self._tiers = _TierMetrics(r, p, m)
         r.register(_MemoryCollector(p, m))
 
     def observe(self, stats: EngineStats) -> None:
@@ -164,6 +190,8 @@ class EngineMetrics:
             self._advance("prefix_cache_queries", sched.prefix_cache_queries, self.prefix_cache_queries)
             self._advance("prefix_cache_hits", sched.prefix_cache_hits, self.prefix_cache_hits)
             self._advance("num_preemptions", sched.num_preemptions, self.num_preemptions)
+            if getattr(sched, "kv_tiers", None) is not None:
+                self._tiers.observe(sched.kv_tiers, self._advance)
             self.prompt_tokens.inc(max(0, it.num_prompt_tokens))
             self.generation_tokens.inc(max(0, it.num_generation_tokens))
             for t in it.time_to_first_tokens:

@@ -1,0 +1,258 @@
+"""Tiered KV cache (inference/kv_tiers.py, kv_tier_store.py): prefix-cached blocks evicted from the
+device pool move to host memory (then disk) and come back on a hit.
+
+Scheduler-level tests play the runner with a fake KV cache of token ids that also executes the
+transfers, so a loaded block holding the wrong tokens fails the step that reads it; engine-level
+tests use random:tiny with a device pool too small to keep earlier chat turns.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+
+from inference import LLM, SamplingParams
+from inference.block_manager import BlockManager
+from inference.config import CacheConfig, SchedulerConfig
+from inference.kv_tiers import KVTierIndex, TransferOp
+from inference.scheduler import Scheduler
+from tests import factories
+from tests.conftest import assert_all_blocks_free
+from tests.factories import FakeKVCache, make_request, run_to_completion
+
+BLOCK_BYTES_TINY = 8192          # random:tiny in fp32, block_size 16: 2 layers x (K, V) x 16 x 2 x 16 x 4
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+# ---- a fake runner that executes the transfers ---------------------------------------------------
+class TieredFakeKV(FakeKVCache):
+    """Token ids for KV values, in the device pool, the host slots and the disk slots."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.host: dict[int, list] = {}
+        self.disk: dict[int, list] = {}
+
+    def run(self, out) -> None:
+        for t in out.kv_transfers:
+            src = {TransferOp.DEVICE_TO_HOST: self.slots, TransferOp.HOST_TO_DEVICE: self.host,
+                   TransferOp.HOST_TO_DISK: self.host, TransferOp.DISK_TO_HOST: self.disk}[t.op]
+            dst = {TransferOp.DEVICE_TO_HOST: self.host, TransferOp.HOST_TO_DEVICE: self.slots,
+                   TransferOp.HOST_TO_DISK: self.disk, TransferOp.DISK_TO_HOST: self.host}[t.op]
+            dst[t.dst] = list(src[t.src])
+        super().run(out)
+
+
+def tiered_scheduler(num_blocks: int, host: int, disk: int = 0, block_size: int = 4,
+                     budget: int = 32) -> Scheduler:
+    tiers = KVTierIndex(host, disk, block_size, bytes_per_block=100) if host else None
+    bm = BlockManager(num_blocks, block_size, True, tiers)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8), bm, num_blocks * block_size)
+    factories._kv_caches[sched] = TieredFakeKV(num_blocks, block_size)
+    return sched
+
+
+def chat_turns(sched: Scheduler, num_sessions: int, num_turns: int, seed: int = 0) -> int:
+    """Multi-turn sessions (each turn: the whole conversation so far + a new message); returns the
+    prompt tokens computed (looked up minus hit)."""
+    rng = random.Random(seed)
+    convs = [[20_000 + 1000 * s + rng.randrange(900) for _ in range(10)] for s in range(num_sessions)]
+    for turn in range(num_turns):
+        reqs = [make_request(f"s{s}t{turn}", list(c), max_tokens=3) for s, c in enumerate(convs)]
+        for r in reqs:
+            sched.add_request(r)
+        log = run_to_completion(sched)
+        for c, r in zip(convs, reqs):
+            c += log.finished[r.request_id].output_token_ids + [30_000 + rng.randrange(900) for _ in range(5)]
+    bm = sched.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not bm.req_to_blocks      # no leak
+    return bm.prefix_stats.queries - bm.prefix_stats.hits
+
+
+def test_evicted_blocks_move_down_and_hits_come_back_up():
+    computed_off = chat_turns(tiered_scheduler(24, host=0), 6, 4)
+    sched = tiered_scheduler(24, host=200)
+    computed_on = chat_turns(sched, 6, 4)      # the fake KV checks every block a step reads
+    host = sched.block_manager.tier_stats().tier("host")
+    assert host.bytes_in > 0 and host.bytes_out > 0 and host.hit_blocks > 0
+    assert computed_on < 0.5 * computed_off, (computed_on, computed_off)
+    assert host.num_used <= host.num_slots
+
+
+@pytest.mark.parametrize("host,disk", [(3, 0), (2, 6), (4, 200)])
+def test_small_tiers_stay_within_size_and_correct(host, disk):
+    sched = tiered_scheduler(16, host=host, disk=disk)
+    chat_turns(sched, 5, 4, seed=host)
+    stats = sched.block_manager.tier_stats()
+    for t in stats.tiers:
+        assert 0 <= t.num_used <= t.num_slots
+    if disk:
+        d = stats.tier("disk")
+        assert d.bytes_in > 0 and d.num_used <= disk
+    if disk == 200:
+        assert d.hit_blocks > 0
+
+
+def test_failed_step_forgets_its_transfers():
+    sched = tiered_scheduler(12, host=50)
+    chat_turns(sched, 4, 2)
+    tiers = sched.block_manager.tiers
+    used = len(tiers.host.entries)
+    assert used > 0
+    req = make_request("big", 40, max_tokens=2)
+    sched.add_request(req)
+    out = sched.schedule()
+    assert out.kv_transfers                    # its blocks evict cached ones to the host tier
+    sched.rollback(out)                        # the step failed: nothing was copied
+    filled = {t.dst for t in out.kv_transfers if t.op is TransferOp.DEVICE_TO_HOST}
+    assert not filled & set(tiers.host.entries.values())
+    sched.finish_request("big", factories.RequestStatus.FINISHED_ABORTED)
+
+
+# ---- config --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(swap_space=-1), "swap_space: must be a number"),
+    (dict(swap_space="4"), "swap_space: must be a number"),
+    (dict(swap_space=float("nan")), "swap_space: must be a number"),
+    (dict(swap_space=1, kv_disk_bytes=-5, kv_disk_path="/tmp"), "kv_disk_bytes: must be an integer"),
+    (dict(swap_space=1, kv_disk_bytes=1 << 20), "kv_disk_bytes: the disk KV tier needs kv_disk_path"),
+    (dict(swap_space=1, kv_disk_path="/tmp"), "kv_disk_path: set kv_disk_bytes"),
+    (dict(kv_disk_path="/tmp", kv_disk_bytes=1 << 20), "set swap_space > 0 too"),
+    (dict(swap_space=1, enable_prefix_caching=False), "needs enable_prefix_caching=True"),
+])
+def test_bad_tier_config_is_refused(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        CacheConfig(**kwargs)
+
+
+def test_tier_sizes_checked_against_the_model(tmp_path):
+    small = dict(dtype="float32", max_model_len=128, kv_cache_memory_bytes=16 * BLOCK_BYTES_TINY)
+    with pytest.raises(ValueError, match="swap_space: .* holds no KV block"):
+        LLM("random:tiny", swap_space=1e-9, **small)
+    with pytest.raises(ValueError, match="swap_space: .* more than 80%"):
+        LLM("random:tiny", swap_space=1e6, **small)
+    with pytest.raises(ValueError, match="kv_disk_path: .* is not a writable directory"):
+        LLM("random:tiny", swap_space=0.001, kv_disk_path=str(tmp_path / "nope"), kv_disk_bytes=1 << 20, **small)
+    with pytest.raises(ValueError, match="kv_disk_bytes: 100 bytes hold no KV block"):
+        LLM("random:tiny", swap_space=0.001, kv_disk_path=str(tmp_path), kv_disk_bytes=100, **small)
+
+
+def test_cli_flags_reach_the_config(tmp_path):
+    from inference.__main__ import add_engine_args, engine_config
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    cfg = engine_config(p.parse_args(["--swap-space", "2.5", "--kv-disk-path", str(tmp_path),
+                                      "--kv-disk-bytes", str(1 << 30)]))
+    assert (cfg.cache.swap_space, cfg.cache.kv_disk_path, cfg.cache.kv_disk_bytes) == (2.5, str(tmp_path), 1 << 30)
+
+
+# ---- the engine ----------------------------------------------------------------------------------
+def _multi_turn(llm: LLM, num_sessions: int = 6, num_turns: int = 4) -> tuple[list[list[int]], int]:
+    """Greedy multi-turn sessions; (every reply, prefill tokens computed)."""
+    computed = 0
+    step = llm.engine.step
+
+    def counting_step():
+        nonlocal computed
+        out = step()
+        computed += llm.engine.last_stats.iteration.num_prompt_tokens
+        return out
+
+    llm.engine.step = counting_step
+    rng = random.Random(1)
+    convs = [[rng.randrange(3, 500) for _ in range(90)] for _ in range(num_sessions)]
+    replies = []
+    for _ in range(num_turns):
+        outs = llm.generate([{"prompt_token_ids": c} for c in convs], GREEDY, use_tqdm=False)
+        for c, o in zip(convs, outs):
+            c += list(o.outputs[0].token_ids) + [rng.randrange(3, 500) for _ in range(25)]
+            replies.append(list(o.outputs[0].token_ids))
+    llm.engine.step = step
+    return replies, computed
+
+
+def _tiny(**kw) -> LLM:
+    # 40 blocks of 16 = 640 tokens: six sessions of 100-300 tokens do not all fit
+    return LLM("random:tiny", dtype="float32", max_model_len=512, block_size=16,
+               kv_cache_memory_bytes=40 * BLOCK_BYTES_TINY, max_num_batched_tokens=256, **kw)
+
+
+@pytest.fixture(scope="module")
+def without_tiers():
+    return _multi_turn(_tiny())
+
+
+def test_host_tier_same_outputs_fewer_prefill_tokens(without_tiers):
+    llm = _tiny(swap_space=200 * BLOCK_BYTES_TINY / 2**30)
+    replies, computed = _multi_turn(llm)
+    assert replies == without_tiers[0]
+    assert computed < 0.5 * without_tiers[1], (computed, without_tiers[1])
+    stats = llm.engine.scheduler.stats().kv_tiers
+    host = stats.tier("host")
+    assert host.hit_blocks > 0 and host.bytes_in > 0 and host.bytes_out == host.hit_blocks * BLOCK_BYTES_TINY
+    assert host.num_used <= host.num_slots == 200
+    assert_all_blocks_free(llm)
+
+
+def test_disk_tier_round_trips(without_tiers, tmp_path):
+    llm = _tiny(swap_space=8 * BLOCK_BYTES_TINY / 2**30, kv_disk_path=str(tmp_path),
+                kv_disk_bytes=300 * BLOCK_BYTES_TINY)
+    replies, computed = _multi_turn(llm)
+    assert replies == without_tiers[0]
+    stats = llm.engine.scheduler.stats().kv_tiers
+    disk = stats.tier("disk")
+    assert disk.bytes_in > 0 and disk.hit_blocks > 0 and disk.bytes_out == disk.hit_blocks * BLOCK_BYTES_TINY
+    assert stats.tier("host").num_used <= 8
+    assert computed < 0.5 * without_tiers[1]
+    assert list(tmp_path.iterdir()) == []        # the tier's file is unlinked: nothing left behind
+    assert_all_blocks_free(llm)
+
+
+def test_tier_metrics_are_exported():
+    from monitoring.engine_metrics import EngineMetrics
+    llm = _tiny(swap_space=200 * BLOCK_BYTES_TINY / 2**30)
+    _multi_turn(llm, num_sessions=6, num_turns=2)
+    metrics = EngineMetrics("m")
+    metrics.observe(llm.engine.idle_stats())
+    text = metrics.render()[0].decode()
+    host = llm.engine.scheduler.stats().kv_tiers.tier("host")
+    assert f'inference:kv_tier_hits_total{{model_name="m",tier="host"}} {float(host.hit_tokens)}' in text
+    assert f'inference:kv_tier_bytes_total{{direction="in",model_name="m",tier="host"}} {float(host.bytes_in)}' in text
+    assert 'inference:kv_tier_usage{model_name="m",tier="host"}' in text
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA only")
+def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs():
+    """The CUDA path (side stream, staging, pinned host slots, disk) against plain indexing."""
+    import torch
+
+    from inference.kv_tier_store import KVTierStore, TierSizes
+    from inference.kv_tiers import KVTransfer
+    from inference.scheduler import SchedulerOutput
+    dev = torch.device("cuda")
+    caches = [tuple(torch.randn(64, 16, 2, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
+              for _ in range(3)]
+    bpb = 2 * 3 * 16 * 2 * 64 * 2
+    store = KVTierStore(caches, TierSizes(40, 20, bpb), "/tmp")
+    store.staging_blocks = 3                       # several staging rounds per run
+    want = {b: [c[b].clone() for kv in caches for c in kv] for b in range(10)}
+    busy = torch.randn(4096, 4096, device=dev)
+    for _ in range(3):
+        busy = busy @ busy / 64                    # compute in flight on the default stream
+    T = TransferOp
+    out = SchedulerOutput(kv_transfers=[KVTransfer(T.DEVICE_TO_HOST, b, 30 - b) for b in range(10)] +
+                          [KVTransfer(T.HOST_TO_DISK, 30 - b, b) for b in range(5)] +
+                          [KVTransfer(T.DISK_TO_HOST, b, b) for b in range(5)] +
+                          [KVTransfer(T.HOST_TO_DEVICE, b, 40 + b) for b in range(5)] +
+                          [KVTransfer(T.HOST_TO_DEVICE, 30 - b, 50 + b) for b in range(5, 10)])
+    store.apply(SchedulerOutput())
+    store.apply(out)
+    for kv in caches:                              # this step's forward overwrites the offloaded blocks:
+        for c in kv:                               # the compute stream waits for the copies first
+            c[:10] = 0
+    torch.cuda.synchronize()
+    for b in range(10):
+        dst = 40 + b if b < 5 else 50 + b
+        got = [c[dst] for kv in caches for c in kv]
+        assert all(torch.equal(g, w) for g, w in zip(got, want[b])), b
