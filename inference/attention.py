@@ -117,6 +117,27 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+# A chunk of at most this many tokens after earlier context (speculative verification, the tail
+# of a chunked prefill) attends like the decodes do: the query heads of a KV head are rows of one
+# attention over that head, no K/V copied per query head (16x faster than expanding for 5 tokens
+# of SmolLM2 over 650 of context)
+SHORT_CHUNK = 64
+
+
+def _short_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                           ctx: int, causal_mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, H, D] -> [n, H, D] over the first ctx cached tokens of `table` [1, blocks]."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[-2]
+    group = num_heads // num_kv_heads
+    qg = q.view(n, num_kv_heads, group, head_dim).transpose(0, 1).reshape(1, num_kv_heads, n * group, head_dim)
+    kg = gather_blocks(k_cache, table, q.dtype)[:, :ctx].transpose(1, 2)             # [1, Hkv, ctx, D]
+    vg = gather_blocks(v_cache, table, q.dtype)[:, :ctx].transpose(1, 2)
+    mask = causal_mask.repeat_interleave(group, dim=0) if group > 1 else causal_mask   # [n * G, ctx]
+    og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)       # [1, Hkv, n * G, D]
+    return og.view(num_kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, num_heads, head_dim)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
@@ -146,8 +167,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out[:nd] = od
     for chunk in meta.prefills:
         s, n, ctx = chunk.query_start, chunk.query_len, chunk.context_len
-        qp = q[s:s + n].transpose(0, 1)                                      # [H, n, D]
         table = chunk.block_table[None]
+        if chunk.causal_mask is not None and n <= SHORT_CHUNK:
+            out[s:s + n] = _short_chunk_attention(q[s:s + n], k_cache, v_cache, table, ctx, chunk.causal_mask, scale)
+            continue
+        qp = q[s:s + n].transpose(0, 1)                                      # [H, n, D]
         kp = gather_blocks(k_cache, table, q.dtype)[0, :ctx].transpose(0, 1)   # [Hkv, ctx, D]
         vp = gather_blocks(v_cache, table, q.dtype)[0, :ctx].transpose(0, 1)
         if group > 1:
