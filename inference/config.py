@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from inference.spec_decode.config import SpeculativeConfig
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 POLICIES = ("fcfs", "priority")
@@ -103,8 +105,6 @@ class CacheConfig:
         return int(self.swap_space * 2**30)
 
 
-
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 512
@@ -135,6 +135,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    speculative: SpeculativeConfig | None = None        # off unless asked for
 
     # vLLM-named engine arguments -> (section, field)
     ENGINE_ARGS = {
@@ -192,12 +193,14 @@ class EngineConfig:
                 key = f"INFERENCE_{name.upper()}_{f.name.upper()}"
                 if key in env:
                     values[name][f.name] = _parse_env(key, env[key], f.type)
+        speculative = SpeculativeConfig.parse(engine_args.pop("speculative_config", None))
         for arg, value in engine_args.items():
             if arg not in cls.ENGINE_ARGS:
-                raise ValueError(f"unknown engine argument {arg!r}; known: {sorted(cls.ENGINE_ARGS)}")
+                raise ValueError(f"unknown engine argument {arg!r}; known: "
+                                 f"{sorted([*cls.ENGINE_ARGS, 'speculative_config'])}")
             section, key = cls.ENGINE_ARGS[arg]
             values[section][key] = value
-        return cls(**{name: section_cls[name](**values[name]) for name in section_cls})
+        return cls(**{name: section_cls[name](**values[name]) for name in section_cls}, speculative=speculative)
 
 
 def _parse_env(key: str, text: str, type_name: Any) -> Any:

@@ -285,6 +285,8 @@ class CudaModelRunner(ModelRunner):
                 hidden = hidden[list_to_device(sample_rows, torch.long, dev)]
             logits = self.model.compute_logits(hidden)
         sampled = [it for it in items if it.needs_sample]
+        if any(it.spec_token_ids for it in sampled):     # verification needs the host: no overlap
+            return StepHandle(output=self._sample(items, logits))
         pending = sample_on_device(logits, [self._sampling_row(it) for it in sampled], self.default_generator)
         handle = StepHandle(sampled=sampled, pending=pending)
         if self.copied is not None:             # CUDA: the ids come back by an async copy
@@ -343,12 +345,12 @@ class CudaModelRunner(ModelRunner):
         for it in items[nd:]:
             start, n, table = it.num_computed_tokens, it.num_scheduled_tokens, it.block_ids
             p = np.arange(start, start + n)
-            ids[t:t + n] = it.request.all_token_ids[start:start + n]
+            ids[t:t + n] = it.token_ids()                    # drafts (speculative decoding) last
             pos[t:t + n] = p
             slots[t:t + n] = np.asarray(table, dtype=np.int64)[p // bs] * bs + p % bs
             t += n
             if it.needs_sample:
-                sample_rows.append(t - 1)
+                sample_rows.extend(range(t - 1 - len(it.spec_token_ids), t))
         if rows > t:                               # graph padding rows after the prefill tokens
             ids[t:rows], pos[t:rows], slots[t:rows] = 0, 0, -1
         return sample_rows, waiting_rows

@@ -55,7 +55,12 @@ class LLMEngine:
         self._finished: list[FinishedRequestStats] = []        # retired since the last step's stats
         # the launched step whose tokens are not collected yet: (its schedule, the runner's handle)
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
-        self.async_scheduling = self.runner.overlaps
+        self.speculator = None
+        if config.speculative is not None:
+            from inference.spec_decode.speculator import build_speculator
+            self.speculator = build_speculator(config.speculative, self)
+        # drafts for step N+1 need step N's tokens: speculative decoding runs steps in turn
+        self.async_scheduling = self.runner.overlaps and self.speculator is None
         self.last_stats: EngineStats | None = None
 
     # ---- inputs --------------------------------------------------------------------------
@@ -156,6 +161,8 @@ class LLMEngine:
             if self._inflight is not None and not self.async_scheduling:
                 self._finish_step(*self._inflight, changed, it)
                 self._inflight = None
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler.running)
         except BaseException:
             # Neither step's KV can be trusted: undo their scheduling (the caller aborts them).
             for failed in (sched, inflight and inflight[0]):
@@ -168,7 +175,7 @@ class LLMEngine:
                 self._retire(state)
         it.finished, self._finished = self._finished, []
         it.step_time = time.perf_counter() - t0
-        self.last_stats = EngineStats(self.scheduler.stats(), it)
+        self.last_stats = self._stats(it)
         return list(changed.values())
 
     @staticmethod
@@ -179,20 +186,25 @@ class LLMEngine:
                      it: IterationStats) -> None:
         """Wait for a launched step's tokens and hand them to the scheduler and output states."""
         result = self.runner.collect(handle)
+        if self.speculator is not None:
+            self.speculator.record(sched, result)
         for item in sched.scheduled:           # prompt tokens computed this step
             end = min(item.request.num_prompt_tokens, item.num_computed_tokens + item.num_scheduled_tokens)
             it.num_prompt_tokens += max(0, end - item.num_computed_tokens)
         t = now()
-        for request in self.scheduler.update_from_output(sched, result):
+        for request, tokens in self.scheduler.update_from_output(sched, result):
             parent, index = self.children.get(request.request_id, (None, 0))
-            if parent is None or self.states[parent].samples[index].finish_reason is not None:
-                continue                           # aborted (and maybe retired) since it was sampled
-            state = self._apply_token(request, request.output_token_ids[-1],
-                                      result.logprobs.get(request.request_id), t, it)
-            changed[state.request_id] = state
+            for k, token in enumerate(tokens):     # several when drafts were accepted
+                if parent is None or self.states[parent].samples[index].finish_reason is not None:
+                    break                          # aborted (and maybe retired), or stopped
+                state = self._apply_token(request, token, result.logprobs.get(request.request_id), t, it,
+                                          last=k == len(tokens) - 1)
+                changed[state.request_id] = state
 
-    def _apply_token(self, request: Request, token: int, logprobs, t: float, it: IterationStats) -> RequestState:
-        """Hand a request's new token to its output state; finish it on a stop string."""
+    def _apply_token(self, request: Request, token: int, logprobs, t: float, it: IterationStats,
+                     last: bool = True) -> RequestState:
+        """Hand a request's new token to its output state; finish it on a stop string (or, for
+        the last of this step's tokens, with the scheduler's finish reason)."""
         parent, index = self.children[request.request_id]
         state = self.states[parent]
         first = state.metrics.first_token_time is None
@@ -209,7 +221,7 @@ class LLMEngine:
             if not request.status.is_finished:
                 self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
             state.finish(index, "stop", stop_hit, t)     # the stop string wins over length
-        elif request.status.is_finished:
+        elif request.status.is_finished and last:
             state.finish(index, request.status.value, request.stop_reason, t)
         return state
 
@@ -220,8 +232,12 @@ class LLMEngine:
         """Stats for a moment without a step: flushes requests retired since the last step."""
         it = IterationStats()
         it.finished, self._finished = self._finished, []
-        self.last_stats = EngineStats(self.scheduler.stats(), it)
+        self.last_stats = self._stats(it)
         return self.last_stats
+
+    def _stats(self, it: IterationStats) -> EngineStats:
+        spec = self.speculator.stats if self.speculator is not None else None
+        return EngineStats(self.scheduler.stats(), it, spec)
 
     def expert_load(self) -> dict[int, list[int]]:
         """Mixture-of-experts models: layer -> tokens routed to each expert so far ({} if dense)."""
@@ -243,6 +259,8 @@ class LLMEngine:
         for cid in ids:
             self.children.pop(cid, None)
         self.runner.remove_requests(ids)
+        if self.speculator is not None:
+            self.speculator.remove(ids)
         m = state.metrics
         reason = next((s.finish_reason for s in state.samples if s.finish_reason != "abort"), "abort")
         self._finished.append(FinishedRequestStats(

@@ -22,6 +22,7 @@ from inference.loader.model_loader import LoadedModel
 from inference.request import Request
 from inference.sampler import PendingSample, SamplerOutput, SamplingRow, resolve, sample
 from inference.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inference.spec_decode.rejection import verify_greedy, verify_sampled
 
 CPU_KV_CACHE_BYTES = 1 << 30          # default KV cache on the CPU
 
@@ -127,11 +128,15 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}     # req_id -> its seeded generator
         self.rows: dict[str, tuple[Request, SamplingRow]] = {}   # req_id -> (request, its sampling row)
         self.default_generator = torch.Generator(device=self.device).manual_seed(seed)
+        # req_id -> [k, vocab] the distributions a draft model drew the request's next drafts from
+        # (speculative decoding; absent for n-gram drafts, which are one-hot)
+        self.draft_probs: dict[str, torch.Tensor] = {}
 
     def remove_requests(self, req_ids) -> None:
         for req_id in req_ids:
             self.generators.pop(req_id, None)
             self.rows.pop(req_id, None)
+            self.draft_probs.pop(req_id, None)
 
     def launch(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
         """Start a step. `prev`: the step before it when that one is not collected yet (async
@@ -176,11 +181,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> ModelRunnerOutput:
-        items = sorted(sched.scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
+        items, logits = self.forward(sched.scheduled, prev)
+        if logits is None:
+            return ModelRunnerOutput()
+        return self._sample(items, logits)
+
+    @torch.inference_mode()
+    def forward(self, scheduled: list[ScheduledRequest], prev: StepHandle | None = None
+                ) -> tuple[list[ScheduledRequest], torch.Tensor | None]:
+        """Run the model over every scheduled token; returns the items in batch order and the
+        logits of the rows that sample (None if none does): an item's last row, or all 1 + k
+        rows of an item with drafts."""
+        items = sorted(scheduled, key=lambda it: it.num_scheduled_tokens != 1)   # decodes first
         input_ids, positions, slots, sample_rows = [], [], [], []
         for it in items:
             start, n = it.num_computed_tokens, it.num_scheduled_tokens
-            input_ids.extend(it.request.all_token_ids[start:start + n])
+            input_ids.extend(it.token_ids())
             if len(input_ids) < len(positions) + n:    # its last token is prev's sample, not back yet
                 input_ids.append(prev.output.sampled_token_ids[it.request.request_id])
             pos = range(start, start + n)
@@ -188,26 +204,57 @@ class ModelRunner:
             bs, table = self.block_size, it.block_ids
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             if it.needs_sample:
-                sample_rows.append(len(input_ids) - 1)
+                sample_rows.extend(range(len(input_ids) - 1 - len(it.spec_token_ids), len(input_ids)))
         dev = self.device
         meta = self._attention_metadata(items, torch.tensor(slots, dtype=torch.long, device=dev))
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev), self.kv_caches, meta)
-        out = ModelRunnerOutput()
         if not sample_rows:
-            return out
+            return items, None
         if len(sample_rows) != hidden.shape[0]:          # only rows that sample need logits
             hidden = hidden[torch.tensor(sample_rows, device=dev)]
-        return self._sample(items, self.model.compute_logits(hidden))
+        return items, self.model.compute_logits(hidden)
 
     def _sample(self, items: list[ScheduledRequest], logits: torch.Tensor) -> ModelRunnerOutput:
-        """logits: one row per item that samples, in order."""
+        """logits: the rows of the items that sample, in order (1 + k for an item with drafts)."""
         sampled = [it for it in items if it.needs_sample]
+        if any(it.spec_token_ids for it in sampled):
+            return self._verify(sampled, logits)
         return self._output(sampled, sample(logits, [self._sampling_row(it) for it in sampled],
                                             self.default_generator))
 
-    def _output(self, sampled: list[ScheduledRequest], result: SamplerOutput) -> ModelRunnerOutput:
+    def _verify(self, sampled: list[ScheduledRequest], logits: torch.Tensor) -> ModelRunnerOutput:
+        """A step with drafts: plain rows sample as usual, each item with drafts keeps the ones the
+        target accepts (inference/spec_decode/rejection.py) and adds one token of its own."""
         out = ModelRunnerOutput()
+        starts, row = [], 0
+        for it in sampled:
+            starts.append(row)
+            row += 1 + len(it.spec_token_ids)
+        greedy_ids = logits.argmax(dim=-1).tolist()
+        plain = [i for i, it in enumerate(sampled) if not it.spec_token_ids]
+        if plain:
+            index = torch.tensor([starts[i] for i in plain], device=logits.device)
+            result = sample(logits[index], [self._sampling_row(sampled[i]) for i in plain], self.default_generator)
+            self._output([sampled[i] for i in plain], result, out)
+        for i, it in enumerate(sampled):
+            draft = it.spec_token_ids
+            if not draft:
+                continue
+            rid, lo = it.request.request_id, starts[i]
+            q = self.draft_probs.pop(rid, None)
+            if it.request.sampling_params.is_greedy:
+                emitted = verify_greedy(greedy_ids[lo:lo + len(draft) + 1], draft)
+            else:
+                emitted = verify_sampled(logits[lo:lo + len(draft) + 1], draft, self._sampling_row(it),
+                                         None if q is None else q[:len(draft)], self.default_generator)
+            out.sampled_token_ids[rid] = emitted[-1]
+            out.accepted_draft_ids[rid] = emitted[:-1]
+        return out
+
+    def _output(self, sampled: list[ScheduledRequest], result: SamplerOutput,
+                out: ModelRunnerOutput | None = None) -> ModelRunnerOutput:
+        out = ModelRunnerOutput() if out is None else out
         for it, token, lp in zip(sampled, result.token_ids, result.logprobs):
             out.sampled_token_ids[it.request.request_id] = token
             if lp is not None:

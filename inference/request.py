@@ -56,6 +56,9 @@ class Request:
     # the next step before the last one's token is known; at most 2, one per step in flight)
     num_placeholders: int = 0
     block_hashes: list[bytes] = field(default_factory=list)   # one per full block of all_token_ids
+    # speculative decoding: tokens proposed for after the last one, checked by the next step
+    # (the scheduler takes them, trimmed to what fits, and clears them)
+    spec_token_ids: list[int] = field(default_factory=list)
     stop_reason: str | int | None = None
     first_scheduled_time: float | None = None
 

@@ -108,21 +108,32 @@ def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow], default_generato
     idx = None if all_random else list_to_device(random_idx, torch.long, logits.device)
     sub = logits if all_random else logits[idx]                          # [R, vocab]
     sub_rows = [rows[i] for i in random_idx]
-    temps = list_to_device([r.params.temperature for r in sub_rows], sub.dtype, sub.device)
-    sub.div_(temps[:, None])
-    _filter_top_k_top_p_min_p(sub, sub_rows)
-    probs = torch.softmax(sub, dim=-1)
-    noise = torch.empty_like(probs)
-    seeded = [j for j, row in enumerate(sub_rows) if row.generator is not None]
-    if len(seeded) < len(sub_rows):
-        noise.exponential_(generator=default_generator)               # one launch for the unseeded rows
-    for j in seeded:                                                  # seeded rows: their own stream
-        noise[j].exponential_(generator=sub_rows[j].generator)
-    chosen = (probs / noise).argmax(dim=-1)
+    chosen = draw(processed_probs(sub, sub_rows), [r.generator for r in sub_rows], default_generator)
     if all_random:
         return chosen
     result[idx] = chosen
     return result
+
+
+def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, then min-p / top-k /
+    top-p, as fp32 probabilities [R, vocab]. Changes `logits` (fp32) in place."""
+    temps = list_to_device([r.params.temperature for r in rows], logits.dtype, logits.device)
+    logits.div_(temps[:, None])
+    _filter_top_k_top_p_min_p(logits, rows)
+    return torch.softmax(logits, dim=-1)
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None], default_generator) -> torch.Tensor:
+    """One token per row of `probs` [R, vocab] by the exponential race; a row with a generator
+    draws its noise from it alone, the rest share `default_generator`."""
+    noise = torch.empty_like(probs)
+    seeded = [j for j, g in enumerate(generators) if g is not None]
+    if len(seeded) < len(generators):
+        noise.exponential_(generator=default_generator)               # one launch for the unseeded rows
+    for j in seeded:                                                  # seeded rows: their own stream
+        noise[j].exponential_(generator=generators[j])
+    return (probs / noise).argmax(dim=-1)
 
 
 def _filter_top_k_top_p_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None:

@@ -32,6 +32,17 @@ class ScheduledRequest:
     num_scheduled_tokens: int      # tokens computed this step
     block_ids: list[int]           # the request's whole block table
     needs_sample: bool             # this step reaches the end of its tokens -> sample one
+    # speculative decoding: drafts scheduled after the request's last token (part of
+    # num_scheduled_tokens); the runner samples a token at each of their 1 + k rows and verifies
+    spec_token_ids: list[int] = field(default_factory=list)
+
+    def token_ids(self) -> list[int]:
+        """The input tokens of this step: the request's, then its drafts."""
+        start, n = self.num_computed_tokens, self.num_scheduled_tokens
+        ids = self.request.all_token_ids[start:start + n]
+        if len(ids) < n and self.spec_token_ids:
+            ids = ids + self.spec_token_ids[:n - len(ids)]
+        return ids
 
 
 @dataclass
@@ -51,6 +62,8 @@ class SchedulerOutput:
 class ModelRunnerOutput:
     """The runner's answer for one step: a sampled token per request that needed one."""
     sampled_token_ids: dict[str, int] = field(default_factory=dict)              # req_id -> token
+    # req_id -> drafts accepted before its sampled token (speculative decoding; absent: none)
+    accepted_draft_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
     # req_id -> {token_id: (logprob, rank)} (sampled token + top-k), only when asked
 
@@ -125,9 +138,12 @@ class Scheduler:
             if num_new <= 0 or self._ends_with_placeholders(request):
                 i += 1                  # nothing to compute, or it finishes with a token in flight
                 continue
-            if bm.allocate_slots(request, num_new):
-                self._schedule(out, request, num_new)
-                budget -= num_new
+            spec = self._fitting_drafts(request, num_new, budget)
+            if spec and not bm.can_allocate(request, num_new + len(spec)):
+                spec = []               # no room for the drafts: decode plainly rather than preempt
+            if bm.allocate_slots(request, num_new + len(spec)):
+                self._schedule(out, request, num_new + len(spec), spec)
+                budget -= num_new + len(spec)
                 i += 1
                 continue
             victim = self._pick_victim()
@@ -165,8 +181,10 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
         """Advance computed counts, append sampled tokens, finish on EOS/stop-id/length.
 
-        Returns the requests that got a new token this step (finished ones included; those are
-        already removed from the scheduler and their blocks freed).
+        Returns (request, its new tokens) for the requests that got tokens this step (finished
+        ones included; those are already removed from the scheduler and their blocks freed).
+        Speculative steps give a request its accepted drafts and then the sampled token; the KV
+        of rejected drafts stops counting as computed (those slots are rewritten later).
         """
         updated = []
         for item in out.scheduled:
@@ -179,12 +197,18 @@ class Scheduler:
                 continue                      # finished or aborted since it was scheduled
             # else preempted with this token in flight (async scheduling): keep it, as the
             # sequential loop would have before preempting; the recompute then includes it
-            token = result.sampled_token_ids[request.request_id]
-            request.append_output_token(token)
-            status = self._check_stop(request, token)
-            if status is not None:
-                self.finish_request(request.request_id, status)
-            updated.append(request)
+            accepted = result.accepted_draft_ids.get(request.request_id, [])
+            if item.spec_token_ids and request.status == RequestStatus.RUNNING:
+                request.num_computed_tokens -= len(item.spec_token_ids) - len(accepted)
+            tokens = []
+            for token in (*accepted, result.sampled_token_ids[request.request_id]):
+                request.append_output_token(token)
+                tokens.append(token)
+                status = self._check_stop(request, token)
+                if status is not None:
+                    self.finish_request(request.request_id, status)
+                    break
+            updated.append((request, tokens))
         return updated
 
     def rollback(self, out: SchedulerOutput) -> None:
@@ -204,15 +228,27 @@ class Scheduler:
                               bm.tier_stats())
 
     # ---- internals -----------------------------------------------------------------------
-    def _schedule(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+    def _fitting_drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The request's drafts that fit this step: after a plain decode only (its last token
+        known), within the token budget, max_tokens and the model's length (every draft accepted
+        plus the bonus token must still fit). Taken from the request either way."""
+        spec, request.spec_token_ids = request.spec_token_ids, []
+        if not spec or num_new != 1 or request.num_placeholders:
+            return []
+        room = min(budget - 1, request.max_tokens - request.num_output_tokens - 1,
+                   self.max_model_len - request.num_tokens - 1)
+        return spec[:max(0, room)]
+
+    def _schedule(self, out: SchedulerOutput, request: Request, num_new: int, spec: list[int] = ()) -> None:
         computed = request.num_computed_tokens
-        needs_sample = computed + num_new == request.num_tokens + request.num_placeholders
+        needs_sample = computed + num_new - len(spec) == request.num_tokens + request.num_placeholders
         out.scheduled.append(ScheduledRequest(
             request=request,
             num_computed_tokens=computed,
             num_scheduled_tokens=num_new,
             block_ids=list(self.block_manager.block_table(request.request_id)),
             needs_sample=needs_sample,
+            spec_token_ids=list(spec),
         ))
         out.total_num_scheduled_tokens += num_new
         request.num_computed_tokens = computed + num_new
@@ -244,6 +280,7 @@ class Scheduler:
         # Blocks its cancelled step registered in the prefix cache will never be written.
         self.block_manager.free(request, num_valid_tokens=request.num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
+        request.spec_token_ids = []
         request.num_computed_tokens = 0
         request.num_placeholders = 0          # a token in flight is still appended when it arrives
         request.num_preemptions += 1

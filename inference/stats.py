@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inference.scheduler import SchedulerStats
+from inference.spec_decode.speculator import SpecDecodeStats
 
 
 @dataclass
@@ -34,3 +35,4 @@ class IterationStats:
 class EngineStats:
     scheduler: SchedulerStats
     iteration: IterationStats
+    spec_decode: SpecDecodeStats | None = None      # cumulative; None without speculative decoding

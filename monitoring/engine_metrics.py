@@ -177,6 +177,14 @@ class EngineMetrics:
         self.request_generation_tokens = histogram("request_generation_tokens",
                                                    "Generated tokens of finished requests.", TOKEN_BUCKETS)
         self._tiers = _TierMetrics(r, p, m)
+        # speculative decoding (vLLM's spec_decode set); stay at zero without it
+        self.spec_decode_num_drafts = counter("spec_decode_num_drafts", "Steps in which a request carried drafts.")
+        self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.spec_decode_num_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                                       "Draft tokens the target accepted.")
+        self._spec_per_pos = Counter(f"{p}:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by their position in the draft.",
+                                     ["model_name", "position"], registry=r)
         r.register(_MemoryCollector(p, m))
 
     def observe(self, stats: EngineStats) -> None:
@@ -192,6 +200,8 @@ class EngineMetrics:
             self._advance("num_preemptions", sched.num_preemptions, self.num_preemptions)
             if getattr(sched, "kv_tiers", None) is not None:
                 self._tiers.observe(sched.kv_tiers, self._advance)
+            if stats.spec_decode is not None:
+                self._observe_spec(stats.spec_decode)
             self.prompt_tokens.inc(max(0, it.num_prompt_tokens))
             self.generation_tokens.inc(max(0, it.num_generation_tokens))
             for t in it.time_to_first_tokens:
@@ -204,6 +214,14 @@ class EngineMetrics:
                 self.request_queue_time.observe(f.queue_time)
                 self.request_prompt_tokens.observe(f.num_prompt_tokens)
                 self.request_generation_tokens.observe(f.num_generation_tokens)
+
+    def _observe_spec(self, spec) -> None:
+        self._advance("spec_decode_num_drafts", spec.num_drafts, self.spec_decode_num_drafts)
+        self._advance("spec_decode_num_draft_tokens", spec.num_draft_tokens, self.spec_decode_num_draft_tokens)
+        self._advance("spec_decode_num_accepted_tokens", spec.num_accepted_tokens,
+                      self.spec_decode_num_accepted_tokens)
+        for pos, n in enumerate(spec.accepted_per_position):
+            self._advance(f"spec_decode_per_pos_{pos}", n, self._spec_per_pos.labels(self.model_name, str(pos)))
 
     def _advance(self, key: str, total: int, counter) -> None:
         # A total below the last one means its source restarted from zero (a new engine behind

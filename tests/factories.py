@@ -79,11 +79,11 @@ class FakeKVCache:
         bs = self.block_size
         # every scheduled token's KV is written before any attention reads (as in the runner)
         for item in out.scheduled:
-            tokens = item.request.all_token_ids
-            for pos in range(item.num_computed_tokens, item.num_computed_tokens + item.num_scheduled_tokens):
-                self.slots[item.block_ids[pos // bs]][pos % bs] = tokens[pos]
-        for item in out.scheduled:
-            self.check(item.request.request_id, item.request.all_token_ids, item.block_ids,
+            start = item.num_computed_tokens
+            for pos, token in zip(range(start, start + item.num_scheduled_tokens), item.token_ids()):
+                self.slots[item.block_ids[pos // bs]][pos % bs] = token
+        for item in out.scheduled:      # drafts (speculative decoding) follow the request's tokens
+            self.check(item.request.request_id, item.request.all_token_ids + item.spec_token_ids, item.block_ids,
                        item.num_computed_tokens + item.num_scheduled_tokens)
 
     def check(self, req_id: str, tokens: list[int], block_ids: list[int], num_tokens: int) -> None:
@@ -115,7 +115,7 @@ def fake_step(scheduler: Scheduler, token_fn: Callable[[Request], int] = fake_to
     kv_of(scheduler).run(out)
     result = ModelRunnerOutput(sampled_token_ids={
         item.request.request_id: token_fn(item.request) for item in out.scheduled if item.needs_sample})
-    updated = scheduler.update_from_output(out, result)
+    updated = [request for request, _ in scheduler.update_from_output(out, result)]
     return out, updated
 
 

@@ -323,7 +323,7 @@ def test_abort_while_the_step_runs_drops_its_result():
     s.finish_request("a", RequestStatus.FINISHED_ABORTED)
     assert s.block_manager.num_free_blocks == 6
     updated = s.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"a": 100, "b": 100}))
-    assert updated == [b]
+    assert updated == [(b, [100])]
     assert a.output_token_ids == [] and a.num_placeholders == 1      # its token was dropped
     assert a.status == RequestStatus.FINISHED_ABORTED
     assert b.output_token_ids == [100] and b.num_computed_tokens == 5
