@@ -47,7 +47,7 @@ def code_snippet(path: str) -> str:
     return text[start + 1:start + 1 + 1100]
 
 
-def workloads(tokenizer, vocab: int, random_model: bool, num_prompts: int) -> dict[str, list]:
+def workloads(vocab: int, random_model: bool, num_prompts: int) -> dict[str, list]:
     if random_model:
         rng = random.Random(0)
         loops = [[rng.randrange(3, vocab) for _ in range(rng.randint(4, 12))] for _ in range(num_prompts)]
@@ -100,8 +100,51 @@ def run_method(args, method: str, loads: dict[str, list]) -> dict:
                        acceptance_rate=accepted / drafted if drafted else 0.0,
                        accepted_per_draft_step=accepted / steps if steps else 0.0)
         out[name] = row
-    del llm
+    del llm, spec
+    import gc
+    gc.collect()
+    if args.device.startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
     return out
+
+
+def step_cost(args, ks=(0, 1, 2, 4, 8)) -> dict:
+    """What verification costs: one request decoding after a 600-token prompt, its step timed with
+    k forced drafts (k = 0: a plain decode step). Speedup at acceptance rate a is then about
+    (expected tokens per step) / (step cost ratio)."""
+    import torch
+
+    from inference.request import Request, RequestStatus
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len)
+    eng = llm.engine
+    req = Request("cost", [3 + i % (eng.arch.vocab_size - 3) for i in range(1000, 1600)], SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True),
+                  None, 2000)
+    eng.scheduler.add_request(req)
+
+    def one_step(drafts):
+        req.spec_token_ids = list(drafts)
+        out = eng.scheduler.schedule()
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        res = eng.runner.execute(out)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        eng.scheduler.update_from_output(out, res)
+        return dt
+
+    while not req.output_token_ids:
+        one_step([])
+    rows = {}
+    for k in (*ks, *ks):                       # twice: the second pass is the one kept (warm)
+        times = sorted(one_step([5] * k) for _ in range(10))
+        rows[k] = times[len(times) // 2] * 1e3
+    eng.scheduler.finish_request("cost", RequestStatus.FINISHED_ABORTED)
+    base = rows[0]
+    print("step cost:  " + "  ".join(f"k={k}: {ms:.2f} ms ({ms / base:.2f}x)" for k, ms in rows.items()))
+    return {f"k{k}_ms": ms for k, ms in rows.items()} | {f"k{k}_ratio": ms / base for k, ms in rows.items()}
 
 
 def hf_peer(args, prompts: list[str]) -> dict:
@@ -140,15 +183,18 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=3)
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers peer")
+    ap.add_argument("--step-cost", action="store_true", help="also time a step with k forced drafts")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "spec_cpu.json"))
     args = ap.parse_args()
     random_model = args.model.startswith("random:")
     if random_model:
         args.ignore_eos = True
-    probe = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                kv_cache_memory_bytes=64 << 20 if args.device == "cpu" else None)
-    loads = workloads(probe.get_tokenizer(), probe.engine.arch.vocab_size, random_model, args.num_prompts)
-    del probe
+    if random_model:                        # token-id prompts: no model needed to build them
+        from inference.loader.presets import preset_config
+        loads = workloads(preset_config(args.model.removeprefix("random:"))["vocab_size"], True,
+                          args.num_prompts)
+    else:
+        loads = workloads(0, False, args.num_prompts)
     results = {m: run_method(args, m, loads) for m in args.methods.split(",")}
     base = results.get("none")
     table = []
@@ -172,6 +218,8 @@ def main() -> int:
         for row in per.values():
             row.pop("token_ids")
     summary = {"args": vars(args), "results": results, "hf_peer": peer}
+    if args.step_cost:
+        summary["step_cost"] = step_cost(args)
     if base and "ngram" in results and "code_edit" in results["ngram"]:
         s = results["ngram"]["code_edit"]["speedup"]
         summary["target_ngram_code_edit"] = {"target": TARGET_NGRAM_CODE_EDIT, "speedup": s,
