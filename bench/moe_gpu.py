@@ -139,6 +139,21 @@ def decode_rate(llm, seed: int, n_tokens: int, reps: int = 3) -> tuple[float, li
     return statistics.median(rates), rates
 
 
+def active_weight_bytes(model, arch) -> float:
+    """Bytes of the weights one decode token reads, as stored (bf16, or codes + scales when
+    quantized): all but the embedding table, and top_k / num_experts of the stacked experts."""
+    import itertools
+    total = 0.0
+    for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
+        if "embed_tokens" in name or "expert_tokens" in name or "rotary" in name:
+            continue
+        nbytes = t.numel() * t.element_size()
+        if ".mlp.w13" in name or ".mlp.w2" in name:
+            nbytes *= arch.num_experts_per_tok / arch.num_experts
+        total += nbytes
+    return total
+
+
 def decode_bench(llm, copy_bw: float, n_tokens: int) -> dict:
     from decode_profile import profile_replay
     from gpu_engine import random_prompts
@@ -149,7 +164,7 @@ def decode_bench(llm, copy_bw: float, n_tokens: int) -> dict:
                  SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)
     rate, rates = decode_rate(llm, 10, n_tokens)
     # bytes a decode token reads: every weight but the embedding table, only top-k of the experts
-    active = (arch.num_params(active=True) - arch.vocab_size * arch.hidden_size) * 2
+    active = active_weight_bytes(llm.engine.runner.model, arch)
     kv = arch.kv_bytes_per_token(2) * (128 + n_tokens / 2)
     roofline = copy_bw / (active + kv)
     out = {"tok_per_s": rate, "all_reps": rates, "roofline_tok_per_s": roofline, "fraction_of_roofline": rate / roofline,
@@ -225,6 +240,7 @@ def main() -> int:
     # every step reads all experts' weights from ~64 tokens up: a larger token budget amortises them
     # (run 1 of the MoE notes: 512 -> 4.9k output tok/s at 1000 requests, device-bound)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4"], help="experts and linears, RTN")
     args = ap.parse_args()
     sections = args.sections.split(",")
     import triton
@@ -254,8 +270,8 @@ def main() -> int:
     # prefix elsewhere, so nothing else changes)
     llm = LLM("random:mixtral-8x7b", device="cuda", dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.92,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=False)
-    out["engine"] = {"startup_s": time.perf_counter() - t0, "num_kv_blocks": llm.engine.runner.num_blocks,
+              enable_prefix_caching=False, quantization=args.quantization)
+    out["engine"] = {"startup_s": time.perf_counter() - t0, "quantization": args.quantization, "num_kv_blocks": llm.engine.runner.num_blocks,
                      "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "enable_prefix_caching": False}
     log(f"random:mixtral-8x7b up in {out['engine']['startup_s']:.1f} s, {llm.engine.runner.num_blocks} KV blocks")

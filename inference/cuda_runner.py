@@ -63,7 +63,7 @@ def size_kv_cache(loaded: LoadedModel, cache: CacheConfig, sched: SchedulerConfi
     # quantized linears dequantize their weight for steps of >= 256 rows (kernels/quant_matmul.py):
     # the largest such temporary lives in the graph pool too
     dequant = max((m.out_features * m.in_features * loaded.dtype.itemsize for m in loaded.model.modules()
-                   if hasattr(m, "qweight")), default=0)
+                   if hasattr(m, "qweight") and hasattr(m, "out_features")), default=0)
     graph_reserve = (2 * min(sched.max_num_seqs, 512) * arch.vocab_size * 4 + 2 * mixed_rows * per_row
                      + 2 * dequant + (256 << 20))
     budget = int(total * cache.gpu_memory_utilization) - peak - non_torch - graph_reserve

@@ -191,20 +191,41 @@ def align_assignments(ids: torch.Tensor, weights: torch.Tensor, num_experts: int
     return sorted_ids, block_expert
 
 
+# ---- quantized expert weights ------------------------------------------------------------------
+@triton.jit
+def _dequant(w_ptr, s_ptr, z_ptr, rows_w, rows_s, k, mask, BITS: tl.constexpr, GROUP_LEN: tl.constexpr):
+    """fp32 weights at (row, k) of int8 / int4 codes (inference/quantization/int_quant.py layout:
+    two 4-bit codes per byte, the even column in the low nibble; w = (code - zero) * scale per
+    group of GROUP_LEN columns). rows_w / rows_s: each row's offset into the codes and into the
+    scales / zeros, broadcastable against the column indices k."""
+    if BITS == 8:
+        code = tl.load(w_ptr + rows_w + k, mask=mask, other=0).to(tl.float32)
+    else:
+        byte = tl.load(w_ptr + rows_w + k // 2, mask=mask, other=0).to(tl.int32)
+        code = ((byte >> ((k % 2) * 4)) & 15).to(tl.float32)
+    g = k // GROUP_LEN
+    scale = tl.load(s_ptr + rows_s + g, mask=mask, other=0.0)
+    zero = tl.load(z_ptr + rows_s + g, mask=mask, other=0.0)
+    return (code - zero) * scale
+
+
 # ---- grouped GEMM ------------------------------------------------------------------------------
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr,                  # [rows of A, K]: x (A_PER_TOKEN: row = assignment // TOP_K) or act
-    b_ptr,                  # [E, N, K] expert weights (nn.Linear layout)
+    b_ptr,                  # [E, N, K] expert weights (nn.Linear layout), or their codes (BITS)
+    s_ptr, z_ptr,           # BITS: [E, N, G] fp32 scales / zeros (unused for 16/32-bit weights)
     c_ptr,                  # [T*k, N] out, one row per assignment
     w_ptr,                  # [T*k] routing weights (fp32), read when MUL_WEIGHT
     sorted_ids_ptr,         # [P] int32 assignment per padded row (sentinel = num_assignments)
     block_expert_ptr,       # [P // BLOCK_M] int32 expert per row block (-1: nothing)
     num_assignments,
     N, K,
-    stride_am, stride_be, stride_bn, stride_cm,
+    stride_am, stride_be, stride_bn, stride_cm, stride_se, stride_sn,
     TOP_K: tl.constexpr,
     A_PER_TOKEN: tl.constexpr,
+    BITS: tl.constexpr,         # 0: b holds the weights; 8 / 4: integer codes
+    GROUP_LEN: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_FP32: tl.constexpr,     # the interpreter's 16-bit dot is wrong: upcast there (triton_utils.dot_fp32)
@@ -224,10 +245,17 @@ def _grouped_gemm_kernel(
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + ks[None, :]
     b_ptrs = b_ptr + expert.to(tl.int64) * stride_be + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if BITS != 0:
+        rows_w = expert.to(tl.int64) * stride_be + cols[None, :].to(tl.int64) * stride_bn    # [1, BLOCK_N]
+        rows_s = expert.to(tl.int64) * stride_se + cols[None, :].to(tl.int64) * stride_sn
     for k0 in range(0, K, BLOCK_K):
         kmask = ks < K - k0
         a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=kmask[:, None] & (cols[None, :] < N), other=0.0)
+        if BITS == 0:
+            b = tl.load(b_ptrs, mask=kmask[:, None] & (cols[None, :] < N), other=0.0)
+        else:
+            b = _dequant(b_ptr, s_ptr, z_ptr, rows_w, rows_s, (k0 + ks)[:, None],
+                         kmask[:, None] & (cols[None, :] < N), BITS, GROUP_LEN).to(a.dtype)
         acc += dot(a, b, DOT_FP32)      # fp32 operands: IEEE, not TF32 (the exactness mode)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
@@ -257,10 +285,13 @@ def _grouped_gemm(a, b, out, weights, sorted_ids, block_expert, top_k: int, per_
                   config: tuple[int, int, int, int, int]) -> None:
     block_m, block_n, block_k, warps, stages = config
     n, k = b.shape[1], b.shape[2]
+    codes, scales, zeros, bits, group_len = _weight_operands(b)
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
-    _grouped_gemm_kernel[grid](a, b, out, weights, sorted_ids, block_expert, out.shape[0], n, k,
-                               a.stride(0), b.stride(0), b.stride(1), out.stride(0),
-                               TOP_K=top_k, A_PER_TOKEN=per_token, MUL_WEIGHT=mul_weight,
+    _grouped_gemm_kernel[grid](a, codes, scales, zeros, out, weights, sorted_ids, block_expert, out.shape[0], n, k,
+                               a.stride(0), codes.stride(0), codes.stride(1), out.stride(0), scales.stride(0),
+                               scales.stride(1),
+                               TOP_K=top_k, A_PER_TOKEN=per_token, BITS=bits, GROUP_LEN=group_len,
+                               MUL_WEIGHT=mul_weight,
                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_FP32=dot_fp32(a),
                                num_warps=warps, num_stages=stages)
 
@@ -269,8 +300,10 @@ def _grouped_gemm(a, b, out, weights, sorted_ids, block_expert, top_k: int, per_
 @triton.jit
 def _gemv_up_kernel(
     X, W13, ACT, WEIGHTS, IDS,  # x [T, H], w13 [E, 2I, H], act [T*k, I] out, weights / ids [T*k]
-    I, H, stride_xm, stride_we, stride_wn, stride_am,  # noqa: E741
+    S13, Z13,                   # BITS: w13's codes' [E, 2I, G] scales / zeros
+    I, H, stride_xm, stride_we, stride_wn, stride_am, stride_se, stride_sn,  # noqa: E741
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BITS: tl.constexpr, GROUP_LEN: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     a = tl.program_id(0).to(tl.int64)
@@ -281,8 +314,12 @@ def _gemv_up_kernel(
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < I
     x_row = X + (a // TOP_K) * stride_xm
-    g_rows = W13 + expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn        # [BLOCK_N, 1]
-    u_rows = g_rows + I * stride_wn
+    g_off = expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn                # [BLOCK_N, 1]
+    u_off = g_off + I * stride_wn
+    g_rows = W13 + g_off
+    u_rows = W13 + u_off
+    gs_off = expert * stride_se + rn.to(tl.int64)[:, None] * stride_sn
+    us_off = gs_off + I * stride_sn
     acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -290,8 +327,12 @@ def _gemv_up_kernel(
         k_mask = rk < H
         x = tl.load(x_row + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]    # [1, BLOCK_K]
         m = n_mask[:, None] & k_mask[None, :]
-        g = tl.load(g_rows + rk[None, :], mask=m, other=0.0)
-        u = tl.load(u_rows + rk[None, :], mask=m, other=0.0)
+        if BITS == 0:
+            g = tl.load(g_rows + rk[None, :], mask=m, other=0.0)
+            u = tl.load(u_rows + rk[None, :], mask=m, other=0.0)
+        else:
+            g = _dequant(W13, S13, Z13, g_off, gs_off, rk[None, :], m, BITS, GROUP_LEN)
+            u = _dequant(W13, S13, Z13, u_off, us_off, rk[None, :], m, BITS, GROUP_LEN)
         acc_g += tl.sum(g.to(tl.float32) * x, 1)
         acc_u += tl.sum(u.to(tl.float32) * x, 1)
     grid_dependency_launch(PDL)
@@ -302,8 +343,10 @@ def _gemv_up_kernel(
 @triton.jit
 def _gemv_down_kernel(
     ACT, W2, OUT, WEIGHTS, IDS,  # act [T*k, I], w2 [E, H, I], out [T, H], weights / ids [T*k]
-    H, I, stride_am, stride_we, stride_wn, stride_om,  # noqa: E741
+    S2, Z2,                      # BITS: w2's codes' [E, H, G] scales / zeros
+    H, I, stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn,  # noqa: E741
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BITS: tl.constexpr, GROUP_LEN: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -315,14 +358,19 @@ def _gemv_down_kernel(
         weight = tl.load(WEIGHTS + a)
         k_end = tl.where(weight != 0, I, 0)     # dropped: every load masked off, no bytes read
         expert = tl.load(IDS + a).to(tl.int64)
-        rows = W2 + expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn
+        w_off = expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn
+        s_off = expert * stride_se + rn.to(tl.int64)[:, None] * stride_sn
         act_row = ACT + a * stride_am
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_mask = rk < k_end
             x = tl.load(act_row + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-            w = tl.load(rows + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            m = n_mask[:, None] & k_mask[None, :]
+            if BITS == 0:
+                w = tl.load(W2 + w_off + rk[None, :], mask=m, other=0.0)
+            else:
+                w = _dequant(W2, S2, Z2, w_off, s_off, rk[None, :], m, BITS, GROUP_LEN)
             acc += tl.sum(w.to(tl.float32) * x, 1)
         out += weight * acc
     grid_dependency_launch(PDL)
@@ -337,28 +385,42 @@ def _experts_gemv(x, w13, w2, weights, ids, block_n: int = 2, num_warps: int = 4
     flat_ids = ids.flatten().contiguous()
     pdl = use_pdl(x, pdl)
     act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)         # [T*k, I]
+    c13, s13, z13, bits, g13 = _weight_operands(w13)
     _gemv_up_kernel[(t * top_k, triton.cdiv(inter, block_n))](
-        x, w13, act, flat_w, flat_ids, inter, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(h)), PDL=pdl,
-        num_warps=num_warps, **pdl_options(pdl))
+        x, c13, act, flat_w, flat_ids, s13, z13, inter, h, x.stride(0), c13.stride(0), c13.stride(1), act.stride(0),
+        s13.stride(0), s13.stride(1),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(h)), PDL=pdl, BITS=bits,
+        GROUP_LEN=g13, num_warps=num_warps, **pdl_options(pdl))
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)                     # [T, H]
+    c2, s2, z2, bits, g2 = _weight_operands(w2)
     _gemv_down_kernel[(t, triton.cdiv(h, block_n))](
-        act, w2, out, flat_w, flat_ids, h, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(inter)), PDL=pdl,
-        num_warps=num_warps, **pdl_options(pdl))
+        act, c2, out, flat_w, flat_ids, s2, z2, h, inter, act.stride(0), c2.stride(0), c2.stride(1), out.stride(0),
+        s2.stride(0), s2.stride(1),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(inter)), PDL=pdl, BITS=bits,
+        GROUP_LEN=g2, num_warps=num_warps, **pdl_options(pdl))
     return out
+
+
+def _weight_operands(w):
+    """(codes or weights [E, N, K'], scales [E, N, G], zeros, bits, group_len) for a stacked weight
+    tensor (bits 0; scales / zeros stand in as unused pointers) or quantized experts (QuantExperts,
+    inference/quantization/moe_experts.py)."""
+    if isinstance(w, torch.Tensor):
+        return w, w, w, 0, 1
+    return w.qweight, w.scales, w.zeros, w.bits, w.group_len
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                   block_m: int | None = None, block_n: int | None = None, block_k: int | None = None,
                   config: tuple[int, int, int, int, int] | None = None, gemv: bool | None = None) -> torch.Tensor:
     """Same contract as experts_reference: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights [T, k]
-    (fp32; 0 = skip), ids [T, k] -> [T, H] in x's dtype.
+    (fp32; 0 = skip), ids [T, k] -> [T, H] in x's dtype. w13 / w2 may be quantized experts
+    (int8 / int4 codes, dequantized as the tiles load).
 
     gemv: the GEMV path (default: up to MOE_GEMV_MAX_TOKENS tokens); otherwise the grouped GEMM
     with `config` (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages; default choose_config), whose first
     three block_m / block_n / block_k override."""
-    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+    if x.dim() != 2 or len(w13.shape) != 3 or len(w2.shape) != 3:
         raise ValueError(f"fused_experts: x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {list(x.shape)}, "
                          f"{list(w13.shape)}, {list(w2.shape)}")
     t, h = x.shape
@@ -369,13 +431,17 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
     if ids.shape != weights.shape or ids.dim() != 2 or ids.shape[0] != t:
         raise ValueError(f"fused_experts: ids and weights must both be [T={t}, k], got {list(ids.shape)} and "
                          f"{list(weights.shape)}")
+    if isinstance(w13, torch.Tensor) != isinstance(w2, torch.Tensor):
+        raise ValueError("fused_experts: w13 and w2 must both be weight tensors or both quantized experts")
     if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"fused_experts: x, w13, w2 must share one of {_DTYPES}, got {x.dtype}, {w13.dtype}, "
                          f"{w2.dtype}")
     top_k = ids.shape[1]
     if t == 0:
         return torch.zeros_like(x)
-    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    x = x.contiguous()
+    if isinstance(w13, torch.Tensor):
+        w13, w2 = w13.contiguous(), w2.contiguous()
     if gemv is None:
         gemv = t <= MOE_GEMV_MAX_TOKENS
     if gemv:

@@ -91,6 +91,25 @@ def test_greedy_tokens_and_logprobs_match_reference(model):
     assert_all_blocks_free(ours)
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_experts_on_the_kernel_path_match_reference(quantization):
+    # int8 / int4 experts read as codes by the fused MoE kernels (and QuantLinear attention)
+    ps = prompts(4, seed=3)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+    ours = kernel_llm(model="random:tiny-moe", quantization=quantization, max_num_batched_tokens=24)
+    ref = reference_llm(ours, max_num_batched_tokens=24, quantization=quantization)
+    with torch.no_grad():                       # the same codes as ours (drawn on ours's device)
+        for (name, mine), (_, theirs) in zip(ref.engine.runner.model.named_buffers(),
+                                             ours.engine.runner.model.named_buffers(), strict=True):
+            if name.endswith(("qweight", "scales", "zeros")):
+                mine.copy_(theirs.cpu())
+    experts = ours.engine.runner.model.layers[0].mlp
+    assert type(experts.w13).__name__ == "QuantExperts" and experts.experts.__name__ == "fused_experts"
+    got = ours.generate(ps, [params] * len(ps), use_tqdm=False)
+    assert_same_tokens_and_logprobs(got, ref.generate(ps, [params] * len(ps), use_tqdm=False))
+    assert_all_blocks_free(ours)
+
+
 def test_fp8_kv_cache_matches_reference():
     # float8 e4m3 KV: the Triton write saturates and casts as the reference does, the attention
     # kernels upcast the cached bytes; prefill and decode both read the quantized cache. The CPU

@@ -102,7 +102,7 @@ def test_router_kernel_follows_set_router_threshold():
     (dict(router_weights_threshold=1.0), "router_weights_threshold: must be a number in \\[0, 1\\)"),
     (dict(router_weights_threshold=-0.1), "router_weights_threshold"),
     (dict(model="random:tiny", router_weights_threshold=0.2), "not a mixture-of-experts model"),
-    (dict(quantization="fp8"), "quantized with int8 or int4 on the CPU only so far"),
+    (dict(quantization="fp8"), "quantized with int8 or int4 \\(round-to-nearest\\) only so far"),
 ])
 def test_bad_engine_arguments_are_refused_before_loading(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -104,7 +104,20 @@ def checked_quantization(config: ModelConfig, hf_config: dict):
     return found
 
 
-def load_model(config: ModelConfig) -> LoadedModel:
+@dataclass(frozen=True)
+class LoadPlan:
+    """What `load_model` will build, resolved and checked before any weight is read."""
+    device: torch.device
+    dtype: torch.dtype
+    model_dir: Path | None             # None: a random:<preset> model
+    hf_config: dict
+    arch: ModelArch
+    max_model_len: int
+    checkpoint_quant: object | None    # QuantConfig of a quantized (AWQ / GPTQ) checkpoint
+
+
+def plan_load(config: ModelConfig) -> LoadPlan:
+    """Resolve the model and check every setting against it; errors name the bad setting."""
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {config.device!r} asked for, but PyTorch sees no CUDA device")
@@ -117,10 +130,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         hf_config = json.loads((model_dir / "config.json").read_text())
     arch = ModelArch.from_hf_config(hf_config)
-    if arch.num_experts and config.quantization is not None and (
-            config.quantization not in ("int8", "int4") or device.type != "cpu"):
+    if arch.num_experts and config.quantization is not None and config.quantization not in ("int8", "int4"):
         raise ValueError(f"quantization={config.quantization!r}: {arch.model_type} mixture-of-experts layers are "
-                         f"quantized with int8 or int4 on the CPU only so far; load {config.model!r} without it")
+                         f"quantized with int8 or int4 (round-to-nearest) only so far; load {config.model!r} with "
+                         "one of those or without quantization")
     if config.router_weights_threshold and not arch.num_experts:
         raise ValueError(f"router_weights_threshold: {config.model!r} is not a mixture-of-experts model")
     max_model_len = arch.max_position_embeddings
@@ -136,23 +149,40 @@ def load_model(config: ModelConfig) -> LoadedModel:
     if config.quantization == "fp8":
         from inference.quantization.fp8 import check_fp8_supported
         check_fp8_supported(device)
-    model = build_model(arch, max_model_len, dtype, device, skip_decoder_linears=checkpoint_quant is not None)
-    if model_dir is None:
+    return LoadPlan(device, dtype, model_dir, hf_config, arch, max_model_len, checkpoint_quant)
+
+
+def load_tokenizer(plan: LoadPlan, config: ModelConfig) -> Tokenizer:
+    arch = plan.arch
+    if plan.model_dir is None:
+        return ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
+    tokenizer_dir = Path(config.tokenizer) if config.tokenizer else plan.model_dir
+    if any((tokenizer_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return HFTokenizer(tokenizer_dir)
+    log.warning("%s has no tokenizer files: using a byte tokenizer (pass tokenizer=DIR)", tokenizer_dir)
+    return ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
+
+
+def load_plain_model(plan: LoadPlan, config: ModelConfig) -> LlamaForCausalLM:
+    """The model with its checkpoint's (or random) weights, before any transform."""
+    model = build_model(plan.arch, plan.max_model_len, plan.dtype, plan.device,
+                        skip_decoder_linears=plan.checkpoint_quant is not None)
+    if plan.model_dir is None:
         init_random_weights(model, config.seed)
-        tokenizer: Tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
     else:
         skip: frozenset[str] = frozenset()
-        if checkpoint_quant is not None:
+        if plan.checkpoint_quant is not None:
             from inference.quantization.checkpoint import load_quantized
-            skip = frozenset(load_quantized(model, model_dir, checkpoint_files(model_dir), checkpoint_quant))
-        load_safetensors(model, model_dir, skip)
-        tokenizer_dir = Path(config.tokenizer) if config.tokenizer else model_dir
-        if any((tokenizer_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            tokenizer = HFTokenizer(tokenizer_dir)
-        else:
-            log.warning("%s has no tokenizer files: using a byte tokenizer (pass tokenizer=DIR)", tokenizer_dir)
-            tokenizer = ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
-    if config.quantization in ("int8", "int4"):          # before packing: it reads plain nn.Linear layers
+            skip = frozenset(load_quantized(model, plan.model_dir, checkpoint_files(plan.model_dir),
+                                            plan.checkpoint_quant))
+        load_safetensors(model, plan.model_dir, skip)
+    return model
+
+
+def apply_weight_transforms(model: LlamaForCausalLM, config: ModelConfig) -> None:
+    """Quantization / sparsity / router threshold, in place (before the kernel transforms: they
+    read plain nn.Linear layers)."""
+    if config.quantization in ("int8", "int4"):
         from inference.quantization.config import QuantConfig
         from inference.quantization.transform import quantize_model
         quantize_model(model, QuantConfig.from_engine_arg(config.quantization), progress=False)
@@ -165,9 +195,21 @@ def load_model(config: ModelConfig) -> LoadedModel:
     if config.router_weights_threshold:
         from inference.models.moe import set_router_threshold
         set_router_threshold(model, config.router_weights_threshold)
+
+
+def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
+    """The device's fast paths, in place: packed oneDNN weights (16-bit CPU), Triton layers (CUDA)."""
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     if device.type == "cuda":
         from inference.models.triton_layers import use_triton_kernels   # imports Triton
         use_triton_kernels(model)
-    return LoadedModel(model, arch, tokenizer, max_model_len, dtype, config.model)
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    plan = plan_load(config)
+    model = load_plain_model(plan, config)
+    tokenizer = load_tokenizer(plan, config)
+    apply_weight_transforms(model, config)
+    apply_kernel_transforms(model, plan.dtype, plan.device)
+    return LoadedModel(model, plan.arch, tokenizer, plan.max_model_len, plan.dtype, config.model)

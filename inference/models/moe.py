@@ -121,7 +121,7 @@ class SparseMoeBlock(nn.Module):
         expert-load count in one launch). Its threshold lives in a device tensor, so CUDA graphs
         captured once follow set_router_threshold."""
         self.router_kernel = kernel
-        self.threshold_tensor = torch.full((1,), self.threshold, dtype=torch.float32, device=self.w13.device)
+        self.threshold_tensor = torch.full((1,), self.threshold, dtype=torch.float32, device=self.gate.weight.device)
 
 
 def moe_blocks(model: nn.Module) -> list[tuple[int, SparseMoeBlock]]:

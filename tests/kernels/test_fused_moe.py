@@ -43,6 +43,25 @@ def test_gemv_path_matches_the_reference(t, e, k, threshold):
     torch.testing.assert_close(got, experts_reference(x, w13, w2, weights, ids), rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("bits,group", [(8, -1), (8, 32), (4, 32), (4, 128)])
+@pytest.mark.parametrize("gemv", [True, False])
+def test_quantized_experts_match_the_reference(bits, group, gemv):
+    """int8 / int4 codes (group-wise, or one group per row) dequantized as the tiles load, against
+    the reference over the same QuantExperts (dequantized per expert)."""
+    from inference.quantization.config import QuantConfig
+    from inference.quantization.moe_experts import QuantExperts
+    x, w13, w2, weights, ids = _case(7 if not gemv else 2, 64, 96, 6, 2, torch.float32, 0.2, bits)
+    cfg = QuantConfig(method="rtn", bits=bits, group_size=group)
+    q13, q2 = QuantExperts(w13, cfg).to(DEVICE), QuantExperts(w2, cfg).to(DEVICE)
+    kw = dict(block_m=16, block_n=16, block_k=16) if not gemv else {}
+    got = fused_experts(x, q13, q2, weights, ids, gemv=gemv, **kw)
+    want = experts_reference(x, q13, q2, weights, ids)
+    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
+    # and close to the unquantized layer (the codes are the weights, not noise)
+    full = experts_reference(x, w13, w2, weights, ids)
+    assert (got - full).abs().max() < (0.05 if bits == 8 else 0.3) * full.abs().max()
+
+
 @pytest.mark.parametrize("t,e,k,renormalize,threshold", [(1, 8, 2, True, 0.0), (7, 8, 2, True, 0.3),
                                                          (5, 6, 3, False, 0.2), (4, 60, 4, False, 0.0)])
 def test_router_kernel_matches_route_and_counts(t, e, k, renormalize, threshold):
