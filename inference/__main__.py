@@ -34,6 +34,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="mixture of experts: skip experts whose router weight is below this (0 = off)")
     p.add_argument("--speculative-config", dest="speculative_config", default=None,
                    help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4} (ngram | draft_model | self_int4)')
+    p.add_argument("--tensor-parallel-size", type=int,
+                   help="shard the model over N ranks (one process each; gloo on the CPU, NCCL on GPUs)")
     p.add_argument("--profile", default=None, help="low-latency | balanced | high-throughput (configs/profiles)")
     p.add_argument("--quantization", choices=QUANTIZATION,
                    help="int8/int4/fp8: quantize on load; awq/gptq: the checkpoint's format; "
@@ -44,7 +46,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
             "enforce_eager", "quantization", "kv_cache_dtype", "router_weights_threshold", "speculative_config", "swap_space",
-            "kv_disk_path", "kv_disk_bytes"]
+            "kv_disk_path", "kv_disk_bytes", "tensor_parallel_size"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 

@@ -122,6 +122,23 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    # ranks the model is sharded over (inference/parallel/): one process each, rank 0 in the
+    # engine's; 1 = no tensor parallelism, no extra process
+    tensor_parallel_size: int = 1
+    # how long a collective (gloo) waits for a peer before the step fails
+    collective_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        n = self.tensor_parallel_size
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"tensor_parallel_size: must be an integer >= 1, got {n!r}")
+        t = self.collective_timeout_s
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0:
+            raise ValueError(f"collective_timeout_s: must be a number of seconds > 0, got {t!r}")
+
+
+@dataclass(frozen=True)
 class SamplingDefaults:
     temperature: float = 1.0
     top_p: float = 1.0
@@ -136,6 +153,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     speculative: SpeculativeConfig | None = None        # off unless asked for
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     # vLLM-named engine arguments -> (section, field)
     ENGINE_ARGS = {
@@ -160,6 +178,7 @@ class EngineConfig:
         "max_num_seqs": ("scheduler", "max_num_seqs"),
         "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),
         "scheduling_policy": ("scheduler", "policy"),
+        "tensor_parallel_size": ("parallel", "tensor_parallel_size"),
     }
 
     @classmethod
@@ -169,7 +188,7 @@ class EngineConfig:
         < environment `INFERENCE_<SECTION>_<KEY>` < keyword arguments (explicit flags)."""
         path = Path(path) if path else CONFIG_DIR / "engine.yaml"
         section_cls = {"model": ModelConfig, "cache": CacheConfig,
-                       "scheduler": SchedulerConfig, "sampling": SamplingDefaults}
+                       "scheduler": SchedulerConfig, "sampling": SamplingDefaults, "parallel": ParallelConfig}
         values: dict[str, dict[str, Any]] = {name: {} for name in section_cls}
         layers = [path] if path.exists() else []
         if profile is not None:

@@ -35,15 +35,25 @@ class ValidatedRequest:
     arrival_time: float
 
 
+def load_engine_model(config: EngineConfig):
+    """The model and the runner-shaped object that runs it: one runner in this process, or with
+    tensor_parallel_size > 1 the executor of N ranks (inference/parallel/executor.py)."""
+    if config.parallel.tensor_parallel_size > 1:
+        from inference.parallel.executor import build_tp_executor
+        return build_tp_executor(config)
+    loaded = load_model(config.model)
+    return loaded, build_runner(loaded, config)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        loaded = load_model(config.model)
+        loaded, runner = load_engine_model(config)
         self.model_name = config.model.model
         self.arch = loaded.arch
         self.tokenizer = loaded.tokenizer
         self.max_model_len = loaded.max_model_len
-        self.runner = build_runner(loaded, config)
+        self.runner = runner
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, tier_index_for(self.runner))
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
@@ -224,6 +234,12 @@ class LLMEngine:
         elif request.status.is_finished and last:
             state.finish(index, request.status.value, request.stop_reason, t)
         return state
+
+    def shutdown(self) -> None:
+        """Release what outlives the engine object: tensor-parallel worker processes."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
 
     def has_pending_stats(self) -> bool:
         return bool(self._finished)

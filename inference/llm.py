@@ -23,6 +23,11 @@ class LLM:
         llm.engine = LLMEngine(config)
         return llm
 
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism) now rather than when this
+        object is garbage-collected or the process exits."""
+        self.engine.shutdown()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

@@ -144,6 +144,7 @@ class OnlineEngine:
         self._thread.join(timeout)
         if not self._thread.is_alive():          # nobody may wait forever on a stopped engine
             self._fail_all(RuntimeError("engine shut down"))
+            self.engine.shutdown()               # tensor-parallel workers, if any
 
     # ---- the loop (engine thread) ----------------------------------------------------------
     def _loop(self) -> None:

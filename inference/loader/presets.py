@@ -31,6 +31,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-2-13b": {**_LLAMA2_7B, "hidden_size": 5120, "intermediate_size": 13824,
                     "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40},
     "llama-3-8b": _LLAMA3_8B,
+    # 70B shapes (tensor-parallel benchmarks): GQA 64:8, ~138 GB in bf16
+    "llama-2-70b": {**_LLAMA2_7B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64, "num_key_value_heads": 8},
+    "llama-3-70b": {**_LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64, "num_key_value_heads": 8},
     "llama-3.1-8b": {**_LLAMA3_8B, "max_position_embeddings": 131072,
                      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},

@@ -78,16 +78,22 @@ def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
     # Draw on the weights' device: a 7B model's 6.7e9 normals take minutes on a host CPU.
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
-        if name.endswith("layernorm.weight") or name == "norm.weight":
-            param.data.fill_(1.0)
-            continue
-        std = 0.02 if name.endswith("weight") else 0.002
-        # Fill in row slabs so a 7B model never needs a second full fp32 copy on the host.
-        flat = param.data.view(param.shape[0], -1)
-        step = max(1, (1 << 24) // max(1, flat.shape[1]))
-        for start in range(0, flat.shape[0], step):
-            rows = flat[start:start + step]
-            rows.copy_(torch.randn(rows.shape, generator=gen, device=device) * std)
+        fill_random_(name, param.data, gen)
+
+
+def fill_random_(name: str, tensor: torch.Tensor, gen: torch.Generator) -> None:
+    """One parameter's random init, drawn from `gen` (tensor-parallel ranks replay the same
+    draws per full parameter and keep their slice: inference/parallel/loader.py)."""
+    if name.endswith("layernorm.weight") or name == "norm.weight":
+        tensor.fill_(1.0)
+        return
+    std = 0.02 if name.endswith("weight") else 0.002
+    # Fill in row slabs so a 7B model never needs a second full fp32 copy on the host.
+    flat = tensor.view(tensor.shape[0], -1)
+    step = max(1, (1 << 24) // max(1, flat.shape[1]))
+    for start in range(0, flat.shape[0], step):
+        rows = flat[start:start + step]
+        rows.copy_(torch.randn(rows.shape, generator=gen, device=tensor.device) * std)
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
