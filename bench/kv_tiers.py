@@ -68,6 +68,27 @@ def run_chat(llm: LLM, args, seed: int) -> dict:
         engine.add_request(engine.validate({"prompt_token_ids": list(convs[s])}, params, request_id=rid))
         pending[rid] = s
 
+    queue: dict[int, list[float]] = {}                # turn -> arrival to first scheduled
+    # where the time goes: per step, its transfers (blocks) and host seconds in engine.step();
+    # host seconds inside the runner's apply_kv_transfers; device seconds of the staged copies
+    runner, store = engine.runner, getattr(engine.runner, "kv_tier_store", None)
+    step_transfers: list[int] = []
+    apply_host = [0.0]
+    if store is not None:
+        plain_apply = runner.apply_kv_transfers
+
+        def timed_apply(sched):
+            step_transfers.append(len(sched.kv_transfers))
+            t = time.perf_counter()
+            plain_apply(sched)
+            apply_host[0] += time.perf_counter() - t
+        runner.apply_kv_transfers = timed_apply
+        if getattr(store, "on_cuda", False):
+            store.copy_timings = []
+            store.num_writer_waits = 0
+    step_times: list[float] = []
+    step_had_transfers: list[bool] = []
+
     ready = list(range(args.sessions))                # sessions whose next turn waits to be sent
     for _ in range(min(args.active, args.sessions)):
         submit(ready.pop(0))
@@ -75,14 +96,19 @@ def run_chat(llm: LLM, args, seed: int) -> dict:
     prefill = steps = 0
     t0 = time.perf_counter()
     while engine.has_unfinished():
+        launched = len(step_transfers)
         states = engine.step()
         steps += 1
+        step_times.append(engine.last_stats.iteration.step_time)
+        step_had_transfers.append(len(step_transfers) > launched and step_transfers[-1] > 0)
         prefill += engine.last_stats.iteration.num_prompt_tokens
         for st in states:
             if not st.finished or st.request_id not in pending:
                 continue
             s = pending.pop(st.request_id)
             ttft.setdefault(turn[s], []).append(st.metrics.first_token_time - st.metrics.arrival_time)
+            queue.setdefault(turn[s], []).append((st.metrics.first_scheduled_time or st.metrics.arrival_time)
+                                                 - st.metrics.arrival_time)
             reply = list(st.samples[0].token_ids)
             replies[(s, turn[s])] = reply
             convs[s] += reply + words(args.user_tokens)
@@ -107,11 +133,143 @@ def run_chat(llm: LLM, args, seed: int) -> dict:
         "wall_s": wall,
         "final_context_tokens": max(len(c) for c in convs),
     }
+    later_queue = [t for k, v in queue.items() if k >= 1 for t in v]
+    with_t = [t for t, x in zip(step_times, step_had_transfers) if x]
+    without_t = [t for t, x in zip(step_times, step_had_transfers) if not x]
+    out["breakdown"] = {
+        "later_queue_mean_ms": 1e3 * statistics.mean(later_queue) if later_queue else None,
+        "later_ttft_after_scheduled_mean_ms": (1e3 * (statistics.mean(later) - statistics.mean(later_queue))
+                                               if later else None),
+        "step_ms_mean": 1e3 * statistics.mean(step_times),
+        "steps_with_transfers": len(with_t),
+        "step_ms_mean_with_transfers": 1e3 * statistics.mean(with_t) if with_t else None,
+        "step_ms_mean_without_transfers": 1e3 * statistics.mean(without_t) if without_t else None,
+        "transfers": sum(step_transfers),
+        "apply_host_s": apply_host[0],
+    }
+    if store is not None and getattr(store, "copy_timings", None) is not None:
+        import torch
+        torch.cuda.synchronize()
+        dev_s = sum(a.elapsed_time(b) for a, b, _ in store.copy_timings) / 1e3
+        moved = sum(n for _, _, n in store.copy_timings)
+        out["breakdown"].update(copy_device_s=dev_s, copy_gb=moved / 1e9,
+                                copy_gbps=moved / 1e9 / dev_s if dev_s else None,
+                                copy_batches=len(store.copy_timings), writer_waits=store.num_writer_waits,
+                                copy_kernels="triton" if store.kernels is not None else "torch")
+        store.copy_timings = None
     if after.kv_tiers is not None:
         out["tiers"] = {t.tier: {"slots": t.num_slots, "used": t.num_used, "hit_blocks": t.hit_blocks,
                                  "bytes_in": t.bytes_in, "bytes_out": t.bytes_out, "evictions": t.num_evictions}
                         for t in after.kv_tiers.tiers}
     out["_replies"] = replies
+    return out
+
+
+def copy_bench(args) -> dict:
+    """Micro-timing of KVTierStore's device <-> host copies at the bench model's block shape
+    (llama-3-8b bf16, 16-token blocks: 32 layers x (K, V) x 32 KiB = 2 MiB a block): offloads and
+    loads of 128 and 1024 scattered device blocks, host slots consecutive or scattered, for the
+    store as committed in 108594f (`.kvold/kv_tier_store_old.py`, when carried: one index_select /
+    index_copy_ per layer and tensor) and as it is now (one Triton gather / scatter), each with
+    the host tier registered in place (cudaHostRegister, what the store does) or from
+    pin_memory=True; and the link's ceiling (one 256 MiB copy). Median of 5, after a warm-up."""
+    import importlib.util
+
+    import torch
+
+    from inference import kv_tier_store as new_mod
+    from inference.kv_tiers import KVTransfer, TransferOp
+    from inference.scheduler import SchedulerOutput
+    dev = torch.device("cuda")
+    cfg = preset_config(args.model.removeprefix("random:"))
+    layers, kvh = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    num = 1100
+    caches = [tuple(torch.randn(num, args.block_size, kvh, hd, device=dev, dtype=torch.bfloat16) for _ in range(2))
+              for _ in range(layers)]
+    bpb = args.block_bytes
+    out: dict = {"block_bytes": bpb, "results": []}
+
+    def ceiling(host, label):
+        d = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+        h = host.view(-1)[:256 << 20]
+        for name, fn in (("h2d", lambda: d.copy_(h, non_blocking=True)), ("d2h", lambda: h.copy_(d, non_blocking=True))):
+            ts = []
+            for _ in range(6):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t)
+            out[f"ceiling_{label}_{name}_gbps"] = (256 << 20) / statistics.median(ts[1:]) / 1e9
+
+    stores = {}
+    new = new_mod.KVTierStore(caches, new_mod.TierSizes(num, 0, bpb))
+    out["host_is_pinned"] = bool(new.host.is_pinned())
+    out["new_kernels"] = "triton" if new.kernels is not None else "torch"
+    registered = new.host
+    pinned = torch.empty(registered.shape, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(256 << 20, dtype=torch.uint8)
+    ceiling(registered, "registered")
+    ceiling(pinned, "pin_memory")
+    ceiling(pageable, "pageable")
+    stores["new"] = new
+    old_path = ROOT / ".kvold" / "kv_tier_store_old.py"
+    if old_path.exists():
+        spec = importlib.util.spec_from_file_location("kv_tier_store_old", old_path)
+        old_mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = old_mod                 # its dataclasses look their module up
+        spec.loader.exec_module(old_mod)
+        old = old_mod.KVTierStore(caches, old_mod.TierSizes(1, 0, bpb))
+        stores["old"] = old
+    rng = random.Random(0)
+    # correctness of the new path: offload scattered blocks, load them into other blocks
+    src = rng.sample(range(num), 256)
+    dst = rng.sample([b for b in range(num) if b not in src], 256)
+    want = [[c[b].clone() for kv in caches for c in kv] for b in src]
+    T = TransferOp
+    new.host = registered
+    new.apply(SchedulerOutput(kv_transfers=[KVTransfer(T.DEVICE_TO_HOST, b, i) for i, b in enumerate(src)]))
+    new.apply(SchedulerOutput(kv_transfers=[KVTransfer(T.HOST_TO_DEVICE, i, b) for i, b in enumerate(dst)]))
+    torch.cuda.synchronize()
+    out["new_round_trip_exact"] = all(torch.equal(g, w) for b, ws in zip(dst, want)
+                                      for g, w in zip((c[b] for kv in caches for c in kv), ws))
+    for store_name, store in stores.items():
+        for host_name, host in (("registered", registered), ("pin_memory", pinned)):
+            store.host = host
+            for n in (128, 1024):
+                for slot_kind in ("consecutive", "scattered"):
+                    blocks = rng.sample(range(num), n)
+                    slots = list(range(n)) if slot_kind == "consecutive" else sorted(rng.sample(range(num), n))
+                    for op in (T.DEVICE_TO_HOST, T.HOST_TO_DEVICE, None):
+                        if op is None:     # as the block manager records loads: evict (offload) each
+                            # destination block first, so D2H and H2D alternate; n blocks move each way
+                            if slot_kind == "scattered" or n > num // 2:
+                                continue
+                            tr = [x for i, (b, s) in enumerate(zip(blocks, slots))
+                                  for x in (KVTransfer(T.DEVICE_TO_HOST, b, s), KVTransfer(T.HOST_TO_DEVICE, s + n, b))]
+                        else:
+                            tr = ([KVTransfer(op, b, s) for b, s in zip(blocks, slots)] if op is T.DEVICE_TO_HOST
+                                  else [KVTransfer(op, s, b) for b, s in zip(blocks, slots)])
+                        ts, hs = [], []
+                        for _ in range(6):
+                            torch.cuda.synchronize()
+                            t = time.perf_counter()
+                            store.apply(SchedulerOutput(kv_transfers=tr))
+                            hs.append(time.perf_counter() - t)
+                            torch.cuda.synchronize()
+                            ts.append(time.perf_counter() - t)
+                        med = statistics.median(ts[1:])
+                        row = {"store": store_name, "host": host_name, "blocks": n, "slots": slot_kind,
+                               "op": {T.DEVICE_TO_HOST: "offload", T.HOST_TO_DEVICE: "load", None: "evict+load"}[op],
+                               "ms": 1e3 * med, "host_ms": 1e3 * statistics.median(hs[1:]),
+                               "gbps": len(tr) * bpb / med / 1e9}
+                        out["results"].append(row)
+                        print(f"  {store_name:4} {host_name:10} {n:5} {slot_kind:11} {row['op']:10} "
+                              f"{row['ms']:8.2f} ms (host {row['host_ms']:6.2f}) {row['gbps']:6.1f} GB/s", flush=True)
+    for k, v in out.items():
+        if k != "results":
+            print(f"  {k}: {v}")
     return out
 
 
@@ -152,6 +310,7 @@ def main() -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default 512 on cpu, 4096 on cuda")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--out", default=None)
+    p.add_argument("--copy-bench", action="store_true", help="time the store's device <-> host copies only (CUDA)")
     args = p.parse_args()
     cuda = args.device.startswith("cuda")
     args.model = args.model or ("random:llama-3-8b" if cuda else "random:smollm2-135m")
@@ -171,6 +330,18 @@ def main() -> None:
     print(f"{args.model} on {args.device}: {args.sessions} sessions ({args.active} active) x {args.turns} turns, last turn "
           f"~{final_len} tokens; device pool {args.kv_blocks} blocks ({args.kv_blocks * args.block_bytes / 2**30:.2f} "
           f"GiB) vs {args.sessions * blocks_per_session} needed; host tier {swap} GiB", flush=True)
+
+    if args.copy_bench:
+        report = {"bench": "kv_tiers_copy", "commit": git_commit(),
+                  "date": dt.datetime.now().isoformat(timespec="seconds"), "model": args.model,
+                  **copy_bench(args)}
+        import torch
+        report["gpu"] = torch.cuda.get_device_name()
+        out = Path(args.out) if args.out else ROOT / "bench" / "results" / "kv_tiers_copy_cuda.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
 
     results = {}
     for name, swap_space in (("without_tier", 0.0), ("host_tier", swap)):
@@ -201,6 +372,13 @@ def main() -> None:
               f"{r['later_ttft_p50_ms']:8.1f}ms {r['prefill_tokens_computed']:12d} {r['wall_s']:7.1f}")
     print(f"{'ratio on/off':14} {'':>12} {ratios['later_ttft_mean']:11.3f} {ratios['later_ttft_p50']:10.3f} "
           f"{ratios['prefill_tokens']:12.3f} {ratios['wall']:7.3f}")
+    for name, r in results.items():
+        b = r["breakdown"]
+        print(f"{name:14} later queue {b['later_queue_mean_ms'] or 0:.1f} ms; steps {r['steps']} ({b['step_ms_mean']:.2f} ms), "
+              f"with transfers {b['steps_with_transfers']} ({b['step_ms_mean_with_transfers'] or 0:.2f} ms); "
+              f"apply host {b['apply_host_s']:.2f} s" +
+              (f"; copies {b['copy_gb']:.1f} GB in {b['copy_device_s']:.2f} s device = {b['copy_gbps']:.1f} GB/s, "
+               f"{b['writer_waits']} writer waits ({b['copy_kernels']})" if "copy_gb" in b else ""))
     met = ratios["later_ttft_mean"] <= TARGET_LATER_TTFT_RATIO
     print(f"target later-turn TTFT <= {TARGET_LATER_TTFT_RATIO}x: {'met' if met else 'NOT met'}; "
           f"replies identical: {same}")

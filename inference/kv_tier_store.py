@@ -8,27 +8,33 @@ A slot holds one block of every layer, so a block moves host <-> disk with one r
 `apply` runs a step's transfers in their recorded order, before the step's forward:
 
 - CPU: plain indexed copies.
-- CUDA: device <-> host copies run on a side stream through a device staging buffer (gather the
-  blocks of every layer with one kernel per layer, then one copy per run of consecutive slots),
-  so they overlap the step still in flight. The side stream waits only for in-flight steps that
+- CUDA: device <-> host copies run on a side stream through a device staging buffer laid out
+  like the host slots: one Triton kernel gathers (or scatters) a batch's blocks of every layer's
+  K and V through a table of the 2 * num_layers cache base pointers, then one copy-engine copy
+  per run of consecutive slots, so they overlap the step still in flight. (Without Triton, or
+  for block sizes that are not whole 8-byte words: one index_select / index_copy_ per tensor.) The side stream waits only for in-flight steps that
   touch a block it reads or overwrites, and the compute stream waits for this step's copies (its
   forward reads the loaded blocks and overwrites the offloaded ones) through one event.
   Disk reads and writes are host work: they first wait for the side stream's copies.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from inference.config import CacheConfig
 from inference.kv_tiers import KVTierIndex, KVTransfer, TransferOp
 
 STAGING_BYTES = 256 << 20     # device staging for one batch of device <-> host copies
+WORDS_PER_PROGRAM = 1024      # 8-byte words one gather / scatter program moves (8 KiB)
 GPU_OPS = (TransferOp.DEVICE_TO_HOST, TransferOp.HOST_TO_DEVICE)
 
 
@@ -105,9 +111,19 @@ class KVTierStore:
             self.staging_blocks = max(1, min(256, STAGING_BYTES // sizes.bytes_per_block))
             self.staging = torch.empty((self.staging_blocks, self.num_layers, 2, self.block_bytes),
                                        dtype=torch.uint8, device=self.device)
+            # base address of every layer's K and V, in slot order (layer-major, K before V): the
+            # gather / scatter kernels reach all 2 * num_layers tensors in one launch
+            self.kernels = _block_copy_kernels() if self.block_bytes % 8 == 0 else None
+            if self.kernels is not None:
+                self.cache_ptrs = torch.tensor([c.data_ptr() for kv in self.flat for c in kv],
+                                               dtype=torch.int64, device=self.device)
+                self._warm_up_kernels()
             # launched steps not known to be done: (event at their end, their schedule)
             self.inflight: deque[tuple[torch.cuda.Event, object]] = deque()
             self.last_sched = None
+            self.num_writer_waits = 0        # batches whose copies waited for a step in flight
+            # bench/kv_tiers.py sets this: (start, end, bytes) events of every staged batch
+            self.copy_timings: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] | None = None
 
     def close(self) -> None:
         if self.disk_fd is not None:
@@ -123,18 +139,12 @@ class KVTierStore:
         if not transfers:
             return
         self._busy = None                    # blocks in-flight steps touch: computed on first need
-        i = 0
-        while i < len(transfers):
-            op = transfers[i].op
-            j = i
-            while j < len(transfers) and transfers[j].op is op:
-                j += 1
+        for op, batch in _batches(transfers):
             if op in GPU_OPS:
-                self._device_copies(op, transfers[i:j])
+                self._device_copies(op, batch)
             else:
-                for t in transfers[i:j]:
+                for t in batch:
                     self._disk_copy(t)
-            i = j
         if self.on_cuda:
             done = torch.cuda.Event()
             done.record(self.stream)
@@ -166,21 +176,58 @@ class KVTierStore:
         stream, n = self.stream, len(blocks)
         self._wait_for_writers(set(blocks))
         with torch.cuda.stream(stream):
+            if self.copy_timings is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
             idx = torch.tensor(blocks, dtype=torch.long, pin_memory=True).to(self.device, non_blocking=True)
-            stage = self.staging[:n]
+            stage = self.staging[:n]                                   # [n, layers, 2, block_bytes]
             if to_host:
-                for layer, kv in enumerate(self.flat):
-                    for j, cache in enumerate(kv):
-                        stage[:, layer, j] = cache.index_select(0, idx)
+                self._gather(idx, stage)
             for pos, slot, length in _runs(slots):
                 if to_host:
                     self.host[slot:slot + length].copy_(stage[pos:pos + length], non_blocking=True)
                 else:
                     stage[pos:pos + length].copy_(self.host[slot:slot + length], non_blocking=True)
             if not to_host:
-                for layer, kv in enumerate(self.flat):
-                    for j, cache in enumerate(kv):
-                        cache.index_copy_(0, idx, stage[:, layer, j])
+                self._scatter(idx, stage)
+            if self.copy_timings is not None:
+                end.record(stream)
+                self.copy_timings.append((start, end, n * self.sizes.bytes_per_block))
+
+    def _gather(self, idx: torch.Tensor, stage: torch.Tensor) -> None:
+        """stage[i] = block idx[i] of every layer's K and V (on the current stream)."""
+        if self.kernels is None:
+            for layer, kv in enumerate(self.flat):
+                for j, cache in enumerate(kv):
+                    stage[:, layer, j] = cache.index_select(0, idx)
+            return
+        gather, _ = self.kernels
+        words = self.block_bytes // 8
+        gather[(len(idx), 2 * self.num_layers, -(-words // WORDS_PER_PROGRAM))](
+            self.cache_ptrs, idx, stage.view(torch.int64), NUM_TENSORS=2 * self.num_layers, WORDS=words,
+            CHUNK=WORDS_PER_PROGRAM)
+
+    def _scatter(self, idx: torch.Tensor, stage: torch.Tensor) -> None:
+        """Block idx[i] of every layer's K and V = stage[i] (on the current stream)."""
+        if self.kernels is None:
+            for layer, kv in enumerate(self.flat):
+                for j, cache in enumerate(kv):
+                    cache.index_copy_(0, idx, stage[:, layer, j])
+            return
+        _, scatter = self.kernels
+        words = self.block_bytes // 8
+        scatter[(len(idx), 2 * self.num_layers, -(-words // WORDS_PER_PROGRAM))](
+            self.cache_ptrs, idx, stage.view(torch.int64), NUM_TENSORS=2 * self.num_layers, WORDS=words,
+            CHUNK=WORDS_PER_PROGRAM)
+
+    def _warm_up_kernels(self) -> None:
+        """Compile both kernels now (a JIT compile mid-serving stalls a step by ~1 s): block 0 out
+        to staging and back, which leaves it as it was."""
+        with torch.cuda.stream(self.stream):
+            idx = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._gather(idx, self.staging[:1])
+            self._scatter(idx, self.staging[:1])
+        self.stream.synchronize()
 
     def _disk_copy(self, t: KVTransfer) -> None:
         """Host <-> disk, on this thread, after every device <-> host copy queued before it."""
@@ -217,6 +264,7 @@ class KVTierStore:
             self._busy = set().union(*(_touched_blocks(sched, self.block_size) for _, sched in self.inflight))
         if self.inflight and blocks & self._busy:
             self.stream.wait_event(self.inflight[-1][0])     # the newest: steps finish in order
+            self.num_writer_waits += 1
 
 
 def _touched_blocks(sched, block_size: int) -> set[int]:
@@ -229,13 +277,57 @@ def _touched_blocks(sched, block_size: int) -> set[int]:
 
 def _host_buffer(shape: tuple[int, ...], pinned: bool) -> torch.Tensor:
     """The host tier. On CUDA its pages are pinned in place (cudaHostRegister) so copies to and
-    from it are asynchronous; pin_memory=True would round the allocation up to a power of two."""
-    buf = torch.empty(shape, dtype=torch.uint8)
-    if pinned:
-        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 1)   # portable
-        if int(err) != 0:
-            return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-    return buf
+    from it run at the link's speed and asynchronously; pin_memory=True would round the allocation
+    up to a power of two. The registration ends when the memory is freed (a registered range that
+    is unmapped stays registered, and a later buffer at the same address then fails to register:
+    cudaErrorHostMemoryAlreadyRegistered)."""
+    if not pinned:
+        return torch.empty(shape, dtype=torch.uint8)
+    arr = np.empty(math.prod(shape), dtype=np.uint8)
+    cudart = torch.cuda.cudart()
+    ptr = arr.ctypes.data
+    err = int(cudart.cudaHostRegister(ptr, arr.nbytes, 1))                      # portable
+    if err == 0:
+        # numpy drops an array's weak references before it frees the data: unregister first
+        weakref.finalize(arr, cudart.cudaHostUnregister, ptr).atexit = False
+        buf = torch.from_numpy(arr).view(shape)
+        if buf.is_pinned():                      # is_pinned asks the driver about the pointer
+            return buf
+    else:
+        try:                                     # the failed call's error is still pending:
+            torch.zeros(1, device="cuda")        # the next launch check reports (and clears) it
+        except Exception:
+            pass
+    return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+
+
+# what each op reads and writes: (kind of its src, kind of its dst)
+_PLACES = {TransferOp.DEVICE_TO_HOST: ("device", "host"), TransferOp.HOST_TO_DEVICE: ("host", "device"),
+           TransferOp.HOST_TO_DISK: ("host", "disk"), TransferOp.DISK_TO_HOST: ("disk", "host")}
+
+
+def _batches(transfers: list[KVTransfer]) -> list[tuple[TransferOp, list[KVTransfer]]]:
+    """The transfers as few same-op batches as their order allows. The block manager records an
+    offload before each load that evicts a block (D2H, H2D, D2H, H2D, ...), and every batch costs
+    a staging round (index upload, kernel, copies): the H200 bench ran 4,931 batches of ~3 blocks.
+    Each transfer joins the first batch of its op after the last batch holding a transfer it
+    depends on (one that writes what it reads or writes, or reads what it writes); transfers it
+    moves ahead of touch nothing it touches, so the result is the same as in recorded order."""
+    batches: list[tuple[TransferOp, list[KVTransfer]]] = []
+    last_write: dict[tuple[str, int], int] = {}          # place -> last batch writing it
+    last_read: dict[tuple[str, int], int] = {}           # place -> last batch reading it
+    for t in transfers:
+        src_kind, dst_kind = _PLACES[t.op]
+        src, dst = (src_kind, t.src), (dst_kind, t.dst)
+        after = max(last_write.get(src, -1), last_write.get(dst, -1), last_read.get(dst, -1))
+        j = next((k for k in range(after + 1, len(batches)) if batches[k][0] is t.op), None)
+        if j is None:
+            j = len(batches)
+            batches.append((t.op, []))
+        batches[j][1].append(t)
+        last_write[dst] = max(last_write.get(dst, -1), j)
+        last_read[src] = max(last_read.get(src, -1), j)
+    return batches
 
 
 def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
@@ -248,3 +340,47 @@ def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
         else:
             runs.append((pos, slot, 1))
     return runs
+
+
+_KERNELS = None
+
+
+def _block_copy_kernels():
+    """(gather, scatter) Triton kernels over the table of cache base pointers; None without Triton.
+
+        gather:  stage[i, t, :] = cache_t[idx[i], :]      t = 2 * layer + (0 for K, 1 for V)
+        scatter: cache_t[idx[i], :] = stage[i, t, :]
+    Grid (len(idx), num tensors, chunks of a block); everything is moved as int64 words."""
+    global _KERNELS
+    if _KERNELS is not None:
+        return _KERNELS
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def gather(ptrs, idx, stage, NUM_TENSORS: tl.constexpr, WORDS: tl.constexpr, CHUNK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        t = tl.program_id(1)
+        offs = tl.program_id(2) * CHUNK + tl.arange(0, CHUNK)          # [CHUNK] words of the block
+        mask = offs < WORDS
+        cache = tl.load(ptrs + t).to(tl.pointer_type(tl.int64))        # [num_blocks, WORDS]
+        block = tl.load(idx + i)
+        vals = tl.load(cache + block * WORDS + offs, mask=mask)
+        tl.store(stage + (i * NUM_TENSORS + t) * WORDS + offs, vals, mask=mask)
+
+    @triton.jit
+    def scatter(ptrs, idx, stage, NUM_TENSORS: tl.constexpr, WORDS: tl.constexpr, CHUNK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64)
+        t = tl.program_id(1)
+        offs = tl.program_id(2) * CHUNK + tl.arange(0, CHUNK)
+        mask = offs < WORDS
+        cache = tl.load(ptrs + t).to(tl.pointer_type(tl.int64))
+        block = tl.load(idx + i)
+        vals = tl.load(stage + (i * NUM_TENSORS + t) * WORDS + offs, mask=mask)
+        tl.store(cache + block * WORDS + offs, vals, mask=mask)
+
+    _KERNELS = (gather, scatter)
+    return _KERNELS

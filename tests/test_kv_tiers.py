@@ -15,7 +15,7 @@ import pytest
 from inference import LLM, SamplingParams
 from inference.block_manager import BlockManager
 from inference.config import CacheConfig, SchedulerConfig
-from inference.kv_tiers import KVTierIndex, TransferOp
+from inference.kv_tiers import KVTierIndex, KVTransfer, TransferOp
 from inference.scheduler import Scheduler
 from tests import factories
 from tests.conftest import assert_all_blocks_free
@@ -222,9 +222,41 @@ def test_tier_metrics_are_exported():
     assert 'inference:kv_tier_usage{model_name="m",tier="host"}' in text
 
 
+def test_transfer_batches_keep_the_recorded_order_s_result():
+    """Random transfer lists over few blocks / slots (many conflicts): executing the same-op
+    batches gives what executing them one by one in recorded order gives."""
+    from inference.kv_tier_store import _batches
+    T = TransferOp
+    places = {T.DEVICE_TO_HOST: ("device", "host"), T.HOST_TO_DEVICE: ("host", "device"),
+              T.HOST_TO_DISK: ("host", "disk"), T.DISK_TO_HOST: ("disk", "host")}
+    rng = random.Random(0)
+
+    def run(transfers, state):
+        for t in transfers:
+            a, b = places[t.op]
+            state[(b, t.dst)] = state[(a, t.src)]
+        return state
+
+    for _ in range(300):
+        transfers = [KVTransfer(rng.choice(list(T)), rng.randrange(4), rng.randrange(4))
+                     for _ in range(rng.randrange(1, 16))]
+        start = {(kind, i): f"{kind}{i}" for kind in ("device", "host", "disk") for i in range(4)}
+        batches = _batches(transfers)
+        assert all(t.op is op for op, batch in batches for t in batch)
+        assert sorted(map(id, (t for _, b in batches for t in b))) == sorted(map(id, transfers))
+        # inside a batch, later copies to one destination win (the store keeps the last)
+        flat = [t for _, batch in batches for t in batch]
+        assert run(flat, dict(start)) == run(transfers, dict(start))
+    # the block manager's pattern (evict a block, load into it) makes two batches, not 2n
+    alternating = [x for b in range(8) for x in (KVTransfer(T.DEVICE_TO_HOST, b, b), KVTransfer(T.HOST_TO_DEVICE, 8 + b, b))]
+    assert [(op, len(batch)) for op, batch in _batches(alternating)] == [(T.DEVICE_TO_HOST, 8), (T.HOST_TO_DEVICE, 8)]
+
+
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA only")
-def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs():
-    """The CUDA path (side stream, staging, pinned host slots, disk) against plain indexing."""
+@pytest.mark.parametrize("kernels", ["triton", "torch"])
+def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs(kernels):
+    """The CUDA path (side stream, staging, pinned host slots, disk) against plain indexing, with
+    the Triton gather / scatter over every layer and with the per-tensor torch fallback."""
     import torch
 
     from inference.kv_tier_store import KVTierStore, TierSizes
@@ -236,6 +268,9 @@ def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs():
     bpb = 2 * 3 * 16 * 2 * 64 * 2
     store = KVTierStore(caches, TierSizes(40, 20, bpb), "/tmp")
     store.staging_blocks = 3                       # several staging rounds per run
+    assert store.host.is_pinned() and store.kernels is not None
+    if kernels == "torch":
+        store.kernels = None
     want = {b: [c[b].clone() for kv in caches for c in kv] for b in range(10)}
     busy = torch.randn(4096, 4096, device=dev)
     for _ in range(3):
