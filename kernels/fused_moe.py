@@ -286,6 +286,10 @@ def _grouped_gemm(a, b, out, weights, sorted_ids, block_expert, top_k: int, per_
     block_m, block_n, block_k, warps, stages = config
     n, k = b.shape[1], b.shape[2]
     codes, scales, zeros, bits, group_len = _weight_operands(b)
+    if bits:
+        # the dequantized tile, its scales and zeros stay in registers / shared memory too: the
+        # 16-bit leaders' big tiles (128 x 256, 3 stages) need 1.5x the H200's 227 KB
+        block_n, block_k, stages = min(block_n, 128), min(block_k, 64), min(stages, 2)
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _grouped_gemm_kernel[grid](a, codes, scales, zeros, out, weights, sorted_ids, block_expert, out.shape[0], n, k,
                                a.stride(0), codes.stride(0), codes.stride(1), out.stride(0), scales.stride(0),

@@ -157,6 +157,10 @@ def quant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         return torch.nn.functional.linear(x, w)
     num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     block_m, block_n, block_k, split = tiles or choose_tiles(m, n, k, group_len, num_sms)
+    if tiles is None and x.dtype == torch.float32:
+        # fp32 tiles take twice the shared memory of the 16-bit ones the sizes were chosen for:
+        # 128 x 256 fp32 weights over 3 stages need 256 KB of the H200's 227 (the exactness mode)
+        block_k, num_stages = min(block_k, 64), min(num_stages, 2)
     if group_len < k and group_len % block_k:
         raise ValueError(f"quant_matmul: BLOCK_K {block_k} must divide the group length {group_len}")
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k      # whole tiles, so whole groups
