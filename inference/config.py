@@ -197,10 +197,13 @@ class EngineConfig:
                 known = sorted(p.stem for p in (CONFIG_DIR / "profiles").glob("*.yaml"))
                 raise ValueError(f"profile: unknown profile {profile!r}; known: {known}")
             layers.append(profile_path)
+        speculative: Any = None       # a whole section: the last layer that names it wins
         for layer in layers:
             raw = yaml.safe_load(layer.read_text()) or {}
-            if not isinstance(raw, dict) or set(raw) - set(section_cls):
-                raise ValueError(f"{layer}: top-level keys must be among {sorted(section_cls)}")
+            if not isinstance(raw, dict) or set(raw) - set(section_cls) - {"speculative"}:
+                raise ValueError(f"{layer}: top-level keys must be among {sorted([*section_cls, 'speculative'])}")
+            if "speculative" in raw:
+                speculative = raw.pop("speculative")
             for name, sub in raw.items():
                 unknown = set(sub or {}) - {f.name for f in dataclasses.fields(section_cls[name])}
                 if unknown:
@@ -212,7 +215,12 @@ class EngineConfig:
                 key = f"INFERENCE_{name.upper()}_{f.name.upper()}"
                 if key in env:
                     values[name][f.name] = _parse_env(key, env[key], f.type)
-        speculative = SpeculativeConfig.parse(engine_args.pop("speculative_config", None))
+        if "INFERENCE_SPECULATIVE_CONFIG" in env:              # JSON, or "none"
+            text = env["INFERENCE_SPECULATIVE_CONFIG"]
+            speculative = None if text.strip().lower() in ("", "none", "null") else text
+        if "speculative_config" in engine_args:                # None here turns it off
+            speculative = engine_args.pop("speculative_config")
+        speculative = SpeculativeConfig.parse(speculative)
         for arg, value in engine_args.items():
             if arg not in cls.ENGINE_ARGS:
                 raise ValueError(f"unknown engine argument {arg!r}; known: "

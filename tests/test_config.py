@@ -37,6 +37,21 @@ def test_bad_values_are_named(kwargs, message):
         EngineConfig.load(env={}, **kwargs)
 
 
+def test_speculative_config_from_profile_env_and_flags(tmp_path):
+    from inference.spec_decode.config import SpeculativeConfig
+    low = EngineConfig.load(env={}, profile="low-latency")
+    assert low.speculative == SpeculativeConfig("ngram", 8)
+    assert EngineConfig.load(env={}, profile="balanced").speculative is None
+    assert EngineConfig.load(env={}, profile="low-latency", speculative_config=None).speculative is None
+    env = {"INFERENCE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 2}'}
+    assert EngineConfig.load(env=env).speculative == SpeculativeConfig("ngram", 2)
+    assert EngineConfig.load(env={"INFERENCE_SPECULATIVE_CONFIG": "none"}, profile="low-latency").speculative is None
+    path = tmp_path / "engine.yaml"
+    path.write_text("speculative: {method: ngram, num_speculative_tokens: 0}\n")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        EngineConfig.load(path, env={})
+
+
 def test_bad_env_and_unknown_yaml_keys(tmp_path):
     with pytest.raises(ValueError, match="INFERENCE_SCHEDULER_MAX_NUM_SEQS"):
         EngineConfig.load(env={"INFERENCE_SCHEDULER_MAX_NUM_SEQS": "many"})
