@@ -283,3 +283,31 @@ def test_rejected_drafts_give_back_their_computed_tokens():
                                                              accepted_draft_ids={"a": drafts}))
     assert req.num_output_tokens == req.max_tokens and req.status.is_finished
     assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
+
+
+def test_streaming_with_speculation_delivers_every_token_once_and_aborts_cleanly(llm_fp32):
+    """The background-loop engine: several tokens can arrive in one step; the stream's deltas still
+    concatenate to the plain output, and an abort mid-stream frees everything."""
+    import time
+
+    from inference import OnlineEngine
+    engine = OnlineEngine("smollm2", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=128 << 20,
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 6})
+    try:
+        params = SamplingParams(temperature=0, max_tokens=48)
+        want = llm_fp32.generate([edit_prompt()], params, use_tqdm=False)[0].outputs[0]
+        deltas = list(engine.add_request(edit_prompt(), params))
+        assert "".join(d.text for d in deltas) == want.text
+        assert [t for d in deltas for t in d.token_ids] == want.token_ids
+        assert any(len(d.token_ids) > 1 for d in deltas)             # accepted drafts arrive together
+        stream = engine.add_request(edit_prompt(), SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+        next(iter(stream))
+        stream.abort()
+        bm = engine.engine.block_manager
+        deadline = time.monotonic() + 10
+        while (bm.num_free_blocks != bm.num_blocks or engine.engine.states) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bm.num_free_blocks == bm.num_blocks and not engine.engine.states
+        assert not engine.engine.speculator.acceptance
+    finally:
+        engine.shutdown()
