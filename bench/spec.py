@@ -182,6 +182,7 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--num-prompts", type=int, default=3)
     ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--workloads", default=None, help="comma-separated subset (default: all)")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF transformers peer")
     ap.add_argument("--step-cost", action="store_true", help="also time a step with k forced drafts")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "spec_cpu.json"))
@@ -195,6 +196,8 @@ def main() -> int:
                           args.num_prompts)
     else:
         loads = workloads(0, False, args.num_prompts)
+    if args.workloads:
+        loads = {name: p for name, p in loads.items() if name in args.workloads.split(",")}
     results = {m: run_method(args, m, loads) for m in args.methods.split(",")}
     base = results.get("none")
     table = []

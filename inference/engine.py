@@ -185,6 +185,8 @@ class LLMEngine:
                 self._retire(state)
         it.finished, self._finished = self._finished, []
         it.step_time = time.perf_counter() - t0
+        if self.speculator is not None and sched is not None:
+            self.speculator.observe_step(sched, it.step_time)
         self.last_stats = self._stats(it)
         return list(changed.values())
 

@@ -311,3 +311,32 @@ def test_streaming_with_speculation_delivers_every_token_once_and_aborts_cleanly
         assert not engine.engine.speculator.acceptance
     finally:
         engine.shutdown()
+
+
+def test_drafts_stop_when_they_cost_more_than_they_give_and_probes_continue():
+    """Cost-aware k: a request whose drafts are mostly rejected stops drafting once verification
+    is measured to cost more than it yields (one probe draft every PROBE_EVERY steps); a request
+    whose drafts are accepted keeps drafting."""
+    from inference.scheduler import ScheduledRequest, SchedulerOutput
+    from inference.spec_decode.speculator import PROBE_EVERY, Speculator
+
+    spec = Speculator(SpeculativeConfig("ngram", 6), proposer=None)
+    good, bad = make_request("good", 4, max_tokens=500), make_request("bad", 4, max_tokens=500)
+
+    def step(drafts: bool, seconds: float):
+        item = ScheduledRequest(good, 3, 1 + 2 * drafts, [0], True, [7, 7] if drafts else [])
+        spec.observe_step(SchedulerOutput([item], [], 1), seconds)
+
+    for _ in range(20):                                   # plain 10 ms, with drafts 16 ms: ratio 1.6
+        step(False, 0.010)
+        step(True, 0.016)
+    assert spec.cost.ratio == pytest.approx(1.6, rel=0.05)
+    spec.acceptance["good"] = (9.0, 10.0)                 # 90% accepted
+    spec.acceptance["bad"] = (1.0, 10.0)                  # 10%: 1.1 tokens per step < 1.6
+    assert spec.num_drafts_for(good) == 6
+    ks = [spec.num_drafts_for(bad) for _ in range(3 * PROBE_EVERY)]
+    assert ks.count(1) == 3 and ks.count(0) == 3 * PROBE_EVERY - 3
+    # prefill-carrying steps say nothing about decode cost
+    before = (spec.cost.plain_s, spec.cost.spec_s)
+    spec.observe_step(SchedulerOutput([ScheduledRequest(good, 0, 40, [0, 1, 2], True)], [], 40), 1.0)
+    assert (spec.cost.plain_s, spec.cost.spec_s) == before

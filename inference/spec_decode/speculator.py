@@ -8,12 +8,14 @@ host (penalties, logprobs) or still block EOS (min_tokens) decode plainly.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from inference.request import Request, RequestStatus
 from inference.scheduler import ModelRunnerOutput, SchedulerOutput
 from inference.spec_decode.config import SpeculativeConfig
 from inference.spec_decode.ngram import NgramProposer
+from inference.spec_decode.step_cost import StepCost
 
 # Adaptive k: a request's acceptance rate a is estimated per draft position (accepted / tested,
 # decayed); draft j is proposed while its chance of being reached and accepted, a**j, is at least
@@ -21,6 +23,10 @@ from inference.spec_decode.ngram import NgramProposer
 MIN_GAIN = 0.3
 DECAY = 0.8
 PRIOR = (4.0, 5.0)           # (accepted, tested): a new request starts at a = 0.8
+# Drafts go out only when the tokens a step is expected to yield with them, 1 + a + ... + a**k,
+# beat what the step then costs (StepCost.ratio, measured); a request below that still drafts one
+# token every PROBE_EVERY steps, so its rate keeps being measured.
+PROBE_EVERY = 8
 
 
 @dataclass
@@ -42,6 +48,9 @@ class Speculator:
         self.proposer = proposer
         self.stats = SpecDecodeStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self.acceptance: dict[str, tuple[float, float]] = {}     # req_id -> (accepted, tested), decayed
+        self.idle: dict[str, int] = {}           # req_id -> decode steps without drafts since its last probe
+        self.cost = StepCost()
+        self._draft_s = self._prev_draft_s = 0.0     # time spent proposing for the next / this step
 
     def num_drafts_for(self, request: Request) -> int:
         """How many tokens to propose for a request now (0: decode it plainly)."""
@@ -58,7 +67,13 @@ class Speculator:
         n = 1
         while n < k and rate ** (n + 1) >= MIN_GAIN:
             n += 1
-        return n
+        expected = sum(rate ** j for j in range(n + 1))          # tokens per step with n drafts
+        if expected >= self.cost.ratio:
+            self.idle.pop(request.request_id, None)
+            return n
+        idle = self.idle.get(request.request_id, 0) + 1       # not worth it: probe now and then
+        self.idle[request.request_id] = 0 if idle >= PROBE_EVERY else idle
+        return 1 if idle >= PROBE_EVERY else 0
 
     def propose(self, running: list[Request]) -> None:
         """Set `spec_token_ids` of every running request whose next step is a decode."""
@@ -71,8 +86,10 @@ class Speculator:
                 if k > 0:
                     wanted.append((request, k))
         if wanted:
+            t0 = time.perf_counter()
             for (request, _), draft in zip(wanted, self.proposer.propose(wanted)):
                 request.spec_token_ids = draft
+            self._draft_s = time.perf_counter() - t0
 
     def record(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> None:
         """Count a finished step's drafts and acceptances; update each request's rate."""
@@ -91,9 +108,16 @@ class Speculator:
             tested_now = min(num_accepted + 1, len(item.spec_token_ids))
             self.acceptance[rid] = (DECAY * accepted + num_accepted, DECAY * tested + tested_now)
 
+    def observe_step(self, sched: SchedulerOutput, seconds: float) -> None:
+        """A finished step's wall time (engine.step, steps run in turn, the proposal for the next
+        step at its end): feeds the cost model, each step charged with drafting its own drafts."""
+        self.cost.observe(sched, seconds - self._draft_s + self._prev_draft_s)
+        self._prev_draft_s, self._draft_s = self._draft_s, 0.0
+
     def remove(self, req_ids) -> None:
         for rid in req_ids:
             self.acceptance.pop(rid, None)
+            self.idle.pop(rid, None)
         self.proposer.remove(req_ids)
 
 
