@@ -128,8 +128,10 @@ def test_rejection_sampling_with_top_k_never_leaves_the_targets_support():
 
 # ---- through the engine ---------------------------------------------------------------------------
 def _spec_llm(method: str, k: int = 4, **extra):
+    """k fixed (not adaptive): cost-aware k depends on measured step times, and these tests need
+    drafts to be made whatever the machine's load (the rule has its own test)."""
     from inference import LLM
-    spec = {"method": method, "num_speculative_tokens": k, **extra}
+    spec = {"method": method, "num_speculative_tokens": k, "adaptive": False, **extra}
     if method == "draft_model":
         spec.setdefault("model", "smollm2")        # the same tokenizer; a real draft would be smaller
     return LLM("smollm2", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=256 << 20,
@@ -227,7 +229,7 @@ def test_random_draft_model_keeps_blocks_and_metrics_consistent():
     from monitoring.engine_metrics import EngineMetrics
     llm = LLM("random:tiny", dtype="float32", kv_cache_memory_bytes=1 << 20, max_num_seqs=8, max_model_len=256,
               speculative_config={"method": "draft_model", "model": "random:tiny-gqa", "num_speculative_tokens": 3,
-                                  "draft_kv_cache_memory_bytes": 4 << 20})
+                                  "draft_kv_cache_memory_bytes": 4 << 20, "adaptive": False})
     prompts = [{"prompt_token_ids": [5 + i, 6, 7, 8] * (3 + i)} for i in range(12)]
     params = [SamplingParams(max_tokens=20 + i, temperature=0 if i % 2 else 0.8, seed=i, ignore_eos=True)
               for i in range(12)]
@@ -292,7 +294,7 @@ def test_streaming_with_speculation_delivers_every_token_once_and_aborts_cleanly
 
     from inference import OnlineEngine
     engine = OnlineEngine("smollm2", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=128 << 20,
-                          speculative_config={"method": "ngram", "num_speculative_tokens": 6})
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 6, "adaptive": False})
     try:
         params = SamplingParams(temperature=0, max_tokens=48)
         want = llm_fp32.generate([edit_prompt()], params, use_tqdm=False)[0].outputs[0]
