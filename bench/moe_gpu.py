@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_kernels import log, timed  # noqa: E402
 
 from inference.models.moe import experts_reference, route  # noqa: E402
-from kernels.fused_moe import MOE_GEMV_MAX_TOKENS, choose_config, fused_experts, fused_route  # noqa: E402
+from kernels.fused_moe import MOE_GEMV_MAX_TOKENS, choose_config, fused_experts  # noqa: E402
+from kernels.moe_routing import fused_route  # noqa: E402
 
 H, I, E, K = 4096, 14336, 8, 2
 MATMUL_FLOPS = 782e12       # DESIGN §4 (bf16, measured on this machine kind)

@@ -72,7 +72,7 @@ def test_threshold_skips_experts_and_keeps_blocks_accounted():
 def test_router_kernel_follows_set_router_threshold():
     """The GPU transform's one-kernel router (TRITON_INTERPRET on the CPU) reads its threshold from a
     device tensor, so a threshold set after the swap (or after graphs were captured) takes effect."""
-    from kernels.fused_moe import fused_route
+    from kernels.moe_routing import fused_route
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(5)
     block = SparseMoeBlock(ModelArch.from_hf_config(preset_config("tiny-moe")))

@@ -135,7 +135,8 @@ def use_triton_kernels(model: LlamaForCausalLM) -> None:
             module.__class__ = swap
     from inference.models.moe import moe_blocks
     for _, block in moe_blocks(model):     # experts: one grouped GEMM pair instead of a loop (graph-safe)
-        from kernels.fused_moe import fused_experts, fused_route
+        from kernels.fused_moe import fused_experts
+        from kernels.moe_routing import fused_route
         block.experts = fused_experts
         block.use_router_kernel(fused_route)
     rotary = model.rotary

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from inference.models.moe import experts_reference, route
-from kernels.fused_moe import align_assignments, fused_experts, fused_route
+from kernels.fused_moe import fused_experts
+from kernels.moe_routing import align_assignments, fused_route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
