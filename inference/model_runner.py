@@ -231,7 +231,8 @@ class ModelRunner:
         for it in sampled:
             starts.append(row)
             row += 1 + len(it.spec_token_ids)
-        greedy_ids = logits.argmax(dim=-1).tolist()
+        greedy_ids = (logits.argmax(dim=-1).tolist()
+                      if any(it.spec_token_ids and it.request.sampling_params.is_greedy for it in sampled) else None)
         plain = [i for i, it in enumerate(sampled) if not it.spec_token_ids]
         if plain:
             index = torch.tensor([starts[i] for i in plain], device=logits.device)

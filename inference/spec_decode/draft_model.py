@@ -94,7 +94,8 @@ class DraftModelProposer:
             active = [a for a in active if a[1] > j]
             items = []
             for request, _, seq, n in active:
-                tokens = request.all_token_ids + drafts[request.request_id]
+                own = drafts[request.request_id]
+                tokens = request.all_token_ids + own if own else request.all_token_ids
                 c = seq.num_computed_tokens
                 items.append(ScheduledRequest(_View(request.request_id, tokens), c, n if j == 0 else 1,
                                               self.block_manager.block_table(request.request_id), True))
