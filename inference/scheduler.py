@@ -139,9 +139,9 @@ class Scheduler:
                 i += 1                  # nothing to compute, or it finishes with a token in flight
                 continue
             spec = self._fitting_drafts(request, num_new, budget)
-            if spec and not bm.can_allocate(request, num_new + len(spec)):
+            if spec and not bm.allocate_slots(request, num_new + len(spec)):
                 spec = []               # no room for the drafts: decode plainly rather than preempt
-            if bm.allocate_slots(request, num_new + len(spec)):
+            if spec or bm.allocate_slots(request, num_new):
                 self._schedule(out, request, num_new + len(spec), spec)
                 budget -= num_new + len(spec)
                 i += 1
