@@ -16,7 +16,9 @@ the block is taken from the front of the queue for new data (LRU eviction).
 Lower tiers (optional, `tiers`): a hashed block taken for new data first has its KV copied to
 host memory (and from there, when that fills, to disk), and a prefix lookup continues below the
 device: such a hit gets a device block and a copy back up (inference/kv_tiers.py). The copies are
-recorded here and run by the model runner before the step's forward.
+recorded here and run by the model runner before the step's forward. Hashed blocks are also
+copied down ahead of time, a few per launched step, freed ones first (write-behind), so that their
+eviction later costs no copy on the step that needs the block.
 
 This class never sees tensors; the model runner owns the memory the block ids index.
 """
@@ -213,6 +215,8 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 if block.block_hash is None:
                     self.free_queue.move_to_end(block_id, last=False)   # worthless: reuse first
+                elif self.tiers is not None:
+                    self.tiers.on_device_free(block.block_hash, block_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after weights change). Live blocks stay allocated."""
@@ -226,9 +230,13 @@ class BlockManager:
 
     # ---- lower tiers -------------------------------------------------------------------------
     def take_kv_transfers(self) -> list[KVTransfer]:
-        """Copies between tiers recorded since the last call, in order; the step that carries
-        them runs them before its forward."""
-        return self.tiers.take_transfers() if self.tiers is not None else []
+        """Copies between tiers recorded since the last call, in order, then this step's
+        write-behind copies; the step that carries them runs them before its forward (the
+        write-behind ones alongside it). Only for a step that is launched."""
+        if self.tiers is None:
+            return []
+        self.tiers.write_behind(self._caches)
+        return self.tiers.take_transfers()
 
     def forget_kv_transfers(self, transfers: list[KVTransfer]) -> None:
         """A step failed, so its copies may not have run: forget the hashes of what they filled."""
@@ -246,6 +254,10 @@ class BlockManager:
         return self.tiers.stats() if self.tiers is not None else None
 
     # ---- internals -----------------------------------------------------------------------
+    def _caches(self, block_id: int, block_hash: bytes) -> bool:
+        """Whether `block_id` still holds the KV of `block_hash` (not reused, not forgotten)."""
+        return self.blocks[block_id].block_hash == block_hash and self.cached_blocks.get(block_hash) == block_id
+
     def _touch(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_cnt == 0:
@@ -277,4 +289,6 @@ class BlockManager:
             if block.block_hash is None and block_hash not in self.cached_blocks:
                 block.block_hash = block_hash
                 self.cached_blocks[block_hash] = block.block_id
+                if self.tiers is not None:
+                    self.tiers.on_device_cached(block_hash, block.block_id)
         self.req_num_cached[request.request_id] = num_full

@@ -15,6 +15,20 @@ device), which is far cheaper than recomputing the prefill.
 The tiers are inclusive: a lower tier keeps its copy when a block goes back up, so a block that
 is evicted again (the next turn of a chat) costs no second copy.
 
+Write-behind: each launched step also copies up to `write_behind_bytes` of cached device blocks
+that have no host copy yet down to host slots, ahead of any eviction (`write_behind`; marked
+`behind`: the runner does not hold the step's forward for them). Cached blocks are immutable, so
+the copy stays valid, and the block's later eviction finds it in the host tier and costs nothing.
+Blocks freed by their last request go first (`on_device_free`: they are what evictions take),
+then blocks of running requests (`on_device_cached`), from the step after the one that writes
+their KV: when a round of chat turns ends together, the next round evicts the tails of the
+replies just freed before any step could copy them. A queued block that is evicted first is
+offloaded as before and leaves the queue; one whose hash changed meanwhile (reused, forgotten) is
+skipped when its turn comes, so no copy reads a block after it was handed to new data.
+Write-behind fills free host slots; for a freed block without a disk tier it may drop the host
+tier's LRU entry (as its eviction would); it never pushes an entry down to disk (synchronous host
+work, left to real evictions).
+
 Nothing here touches tensors. `KVTierIndex` maps hashes to slots and records, in order, the
 `KVTransfer`s the model runner must execute before the step's forward (inference/kv_tier_store.py):
 order matters, e.g. a device block is read by its offload before a load overwrites it.
@@ -24,6 +38,9 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+
+WRITE_BEHIND_BYTES_PER_STEP = 16 << 20    # H200 8B: 8 blocks, ~0.3 ms of link time beside a ~6 ms step
 
 
 class TransferOp(enum.Enum):
@@ -39,6 +56,7 @@ class KVTransfer:
     op: TransferOp
     src: int
     dst: int
+    behind: bool = False      # a write-behind copy: the step's forward need not wait for it
 
 
 @dataclass
@@ -51,6 +69,7 @@ class TierStats:
     hit_tokens: int = 0
     bytes_in: int = 0         # copied into this tier from the one above it
     bytes_out: int = 0        # copied out of this tier to the one above it
+    bytes_written_behind: int = 0   # of bytes_in: copied ahead of an eviction (write-behind)
     num_evictions: int = 0    # entries dropped, or moved down to the next tier
 
     @property
@@ -100,10 +119,15 @@ class SlotTier:
     def insert(self, block_hash: bytes, slot: int) -> None:
         self.entries[block_hash] = slot
 
-    def forget_slots(self, slots: set[int]) -> None:
-        """Their content cannot be trusted (a step failed before its copies ran): free them."""
+    def forget_slots(self, slots: set[int]) -> dict[int, bytes]:
+        """Their content cannot be trusted (a step failed before its copies ran): free them.
+        Returns slot -> the hash it was filled for."""
+        forgotten = {}
         for h in [h for h, s in self.entries.items() if s in slots]:
-            self.free_slots.append(self.entries.pop(h))
+            slot = self.entries.pop(h)
+            self.free_slots.append(slot)
+            forgotten[slot] = h
+        return forgotten
 
     def clear(self) -> None:
         self.entries.clear()
@@ -117,21 +141,33 @@ class SlotTier:
 class KVTierIndex:
     """Which hashes the lower tiers hold, and the copies the runner owes them.
 
-    The block manager calls `on_device_evict` when it reuses a hashed device block, and, for a
-    prefix hit below the device, `pin` the request's hashes, `stage_for_load` (disk -> host when
-    needed), then `record_load` once it has a device block for it. `take_transfers` hands the
-    copies recorded so far to the step that runs them.
+    The block manager calls `on_device_free` when a hashed block's last holder frees it,
+    `on_device_evict` when it reuses a hashed device block, and, for a prefix hit below the
+    device, `pin` the request's hashes, `stage_for_load` (disk -> host when needed), then
+    `record_load` once it has a device block for it. Before a launched step takes its copies
+    (`take_transfers`) it calls `write_behind`.
     """
 
-    def __init__(self, num_host_slots: int, num_disk_slots: int, block_size: int, bytes_per_block: int):
+    def __init__(self, num_host_slots: int, num_disk_slots: int, block_size: int, bytes_per_block: int,
+                 write_behind_bytes: int = WRITE_BEHIND_BYTES_PER_STEP):
         if num_host_slots < 1:
             raise ValueError(f"num_host_slots: must be >= 1, got {num_host_slots}")
+        if write_behind_bytes < 0:
+            raise ValueError(f"write_behind_bytes: must be >= 0, got {write_behind_bytes}")
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
+        self.write_behind_bytes = write_behind_bytes     # per step; 0: off (any > 0: >= 1 block)
         self.host = SlotTier("host", num_host_slots)
         self.disk = SlotTier("disk", num_disk_slots) if num_disk_slots > 0 else None
         self.pending: list[KVTransfer] = []
         self.pinned: set[bytes] = set()        # hashes a lookup is loading: never victims meanwhile
+        # write-behind queues, device block id -> its hash, oldest first: freed cached blocks
+        # with no host copy yet (about the device's eviction order), blocks of running requests
+        # hashed in earlier steps, and those hashed by the step being scheduled (its forward
+        # writes their KV: copied from the next step on)
+        self.unwritten: OrderedDict[int, bytes] = OrderedDict()
+        self.unwritten_live: OrderedDict[int, bytes] = OrderedDict()
+        self.fresh: dict[int, bytes] = {}
 
     # ---- queries ---------------------------------------------------------------------------
     def contains(self, block_hash: bytes) -> bool:
@@ -141,9 +177,47 @@ class KVTierIndex:
         tiers = [self.host] + ([self.disk] if self.disk is not None else [])
         return KVTierStats([t.snapshot() for t in tiers])
 
-    # ---- device eviction -------------------------------------------------------------------
+    # ---- device frees and evictions ----------------------------------------------------------
+    def on_device_cached(self, block_hash: bytes, block_id: int) -> None:
+        """A running request's block now caches `block_hash` (this step writes its KV)."""
+        if self.write_behind_bytes and block_hash not in self.host:
+            self.fresh[block_id] = block_hash
+
+    def on_device_free(self, block_hash: bytes, block_id: int) -> None:
+        """A cached device block has no holder left: copy it down ahead of its eviction."""
+        if not self.write_behind_bytes or block_hash in self.host or block_id in self.fresh:
+            return                               # (fresh: its KV is still being written)
+        self.unwritten_live.pop(block_id, None)
+        self.unwritten[block_id] = block_hash
+
+    def write_behind(self, holds) -> None:
+        """Record write-behind copies of the oldest queued blocks, freed ones first, up to the
+        per-step budget. `holds(block_id, block_hash)`: whether the device block still caches
+        that hash (one reused or forgotten since it was queued is skipped: its KV is no longer
+        that hash's). Called once per launched step, after the step's other copies."""
+        budget = -(-self.write_behind_bytes // self.bytes_per_block)
+        for queue, may_drop in ((self.unwritten, self.disk is None), (self.unwritten_live, False)):
+            while queue and budget > 0:
+                block_id, block_hash = queue.popitem(last=False)
+                if block_hash in self.host or not holds(block_id, block_hash):
+                    continue
+                slot = self.host.free_slots.pop() if self.host.free_slots else (
+                    self._host_slot() if may_drop else None)
+                if slot is None:                 # no slot to be had cheaply: later
+                    queue[block_id] = block_hash
+                    queue.move_to_end(block_id, last=False)
+                    break
+                self._record(TransferOp.DEVICE_TO_HOST, block_id, slot, self.host, "in", behind=True)
+                self.host.stats.bytes_written_behind += self.bytes_per_block
+                self.host.insert(block_hash, slot)
+                budget -= 1
+        self.unwritten_live.update(self.fresh)   # written by the step that takes these copies
+        self.fresh.clear()
+
     def on_device_evict(self, block_hash: bytes, block_id: int) -> None:
         """A device block holding `block_hash` is about to be reused: keep its KV in the host tier."""
+        for queue in (self.unwritten, self.unwritten_live, self.fresh):
+            queue.pop(block_id, None)            # too late to write behind: offloaded now
         if block_hash in self.host:
             self.host.touch(block_hash)          # inclusive: the host copy is still good
             return
@@ -195,14 +269,20 @@ class KVTierIndex:
         return out
 
     def forget_transfers(self, transfers: list[KVTransfer]) -> None:
-        """A step failed, so its copies may not have run: forget whatever they were to fill."""
-        self.host.forget_slots({t.dst for t in transfers if t.op in (TransferOp.DEVICE_TO_HOST,
-                                                                      TransferOp.DISK_TO_HOST)})
+        """A step failed, so its copies may not have run: forget whatever they were to fill.
+        Write-behind sources go back in the queue (`write_behind` checks they still hold it)."""
+        forgotten = self.host.forget_slots({t.dst for t in transfers if t.op in (TransferOp.DEVICE_TO_HOST,
+                                                                                  TransferOp.DISK_TO_HOST)})
+        for t in transfers:
+            if t.behind and t.dst in forgotten and self.write_behind_bytes:
+                self.unwritten_live[t.src] = forgotten[t.dst]        # free or not: the cautious queue
         if self.disk is not None:
             self.disk.forget_slots({t.dst for t in transfers if t.op is TransferOp.HOST_TO_DISK})
 
     def clear(self) -> None:
         """Forget every hash (the weights changed). Pending copies still run, harmlessly."""
+        for queue in (self.unwritten, self.unwritten_live, self.fresh):
+            queue.clear()
         self.host.clear()
         if self.disk is not None:
             self.disk.clear()
@@ -225,8 +305,9 @@ class KVTierIndex:
                     self.disk.insert(victim_hash, taken[0])
         return slot
 
-    def _record(self, op: TransferOp, src: int, dst: int, tier: SlotTier, direction: str) -> None:
-        self.pending.append(KVTransfer(op, src, dst))
+    def _record(self, op: TransferOp, src: int, dst: int, tier: SlotTier, direction: str,
+                behind: bool = False) -> None:
+        self.pending.append(KVTransfer(op, src, dst, behind))
         if direction == "in":
             tier.stats.bytes_in += self.bytes_per_block
         else:

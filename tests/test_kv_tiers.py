@@ -19,7 +19,7 @@ from inference.kv_tiers import KVTierIndex, KVTransfer, TransferOp
 from inference.scheduler import Scheduler
 from tests import factories
 from tests.conftest import assert_all_blocks_free
-from tests.factories import FakeKVCache, make_request, run_to_completion
+from tests.factories import FakeKVCache, check_block_manager, fake_step, make_request, run_to_completion
 
 BLOCK_BYTES_TINY = 8192          # random:tiny in fp32, block_size 16: 2 layers x (K, V) x 16 x 2 x 16 x 4
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -45,8 +45,10 @@ class TieredFakeKV(FakeKVCache):
 
 
 def tiered_scheduler(num_blocks: int, host: int, disk: int = 0, block_size: int = 4,
-                     budget: int = 32) -> Scheduler:
-    tiers = KVTierIndex(host, disk, block_size, bytes_per_block=100) if host else None
+                     budget: int = 32, write_behind: int | None = None) -> Scheduler:
+    """A scheduler over tiers of 100-byte blocks; `write_behind`: bytes per step (None: default)."""
+    kw = {} if write_behind is None else {"write_behind_bytes": write_behind}
+    tiers = KVTierIndex(host, disk, block_size, bytes_per_block=100, **kw) if host else None
     bm = BlockManager(num_blocks, block_size, True, tiers)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8), bm, num_blocks * block_size)
     factories._kv_caches[sched] = TieredFakeKV(num_blocks, block_size)
@@ -108,6 +110,220 @@ def test_failed_step_forgets_its_transfers():
     filled = {t.dst for t in out.kv_transfers if t.op is TransferOp.DEVICE_TO_HOST}
     assert not filled & set(tiers.host.entries.values())
     sched.finish_request("big", factories.RequestStatus.FINISHED_ABORTED)
+
+
+# ---- write-behind -----------------------------------------------------------------------------------
+D2H = TransferOp.DEVICE_TO_HOST
+
+
+def offloads_on_eviction(out) -> list[KVTransfer]:
+    return [t for t in out.kv_transfers if t.op is D2H and not t.behind]
+
+
+def hashed_blocks(sched: Scheduler, request) -> dict[int, bytes]:
+    """The request's cached device blocks: block id -> hash."""
+    bm = sched.block_manager
+    return {b: bm.blocks[b].block_hash for b in bm.block_table(request.request_id) if bm.blocks[b].block_hash}
+
+
+def assert_tiers_hold_their_tokens(sched: Scheduler, requests) -> None:
+    """Every host / disk entry holds the tokens of the block its hash names (no stale copy)."""
+    bs, kv, tiers = sched.block_manager.block_size, factories._kv_caches[sched], sched.block_manager.tiers
+    want = {}
+    for r in requests:
+        r.update_block_hashes(bs)
+        for i, h in enumerate(r.block_hashes):
+            want[h] = r.all_token_ids[i * bs:(i + 1) * bs]
+    for tier, slots in ((tiers.host, kv.host), (tiers.disk, kv.disk)):
+        for h, slot in (tier.entries.items() if tier is not None else ()):
+            assert slots[slot] == want[h], (tier.name, slot, slots[slot], want[h])
+
+
+def test_freed_blocks_are_written_behind_and_their_eviction_copies_nothing():
+    sched = tiered_scheduler(16, host=50)
+    tiers = sched.block_manager.tiers
+    a = make_request("a", 13, max_tokens=1)         # one step: prefill, sample, freed
+    sched.add_request(a)
+    factories._kv_caches[sched].run(sched.schedule())
+    a_blocks = hashed_blocks(sched, a)
+    assert len(a_blocks) == 3
+    sched.finish_request("a", factories.RequestStatus.FINISHED_STOPPED)
+    assert not tiers.host.entries and list(tiers.unwritten) == list(reversed(a_blocks))
+    b = make_request("b", 3, max_tokens=1)          # no full block of its own
+    sched.add_request(b)
+    out, _ = fake_step(sched)
+    # the next launched step copies a's blocks down, before anything needs their device blocks
+    assert {(t.src, t.behind) for t in out.kv_transfers} == {(blk, True) for blk in a_blocks}
+    assert set(tiers.host.entries) == set(a_blocks.values())
+    assert tiers.host.stats.bytes_written_behind == tiers.host.stats.bytes_in == 300
+    run_to_completion(sched)
+    c = make_request("c", 63, max_tokens=1)         # every device block: a's are evicted
+    sched.add_request(c)
+    log = run_to_completion(sched)
+    assert not any(sched.block_manager.cached_blocks.get(h) in a_blocks for h in a_blocks.values())
+    assert [offloads_on_eviction(o) for o in log.steps] == [[] for _ in log.steps]
+    assert tiers.host.stats.num_evictions == 0 and set(a_blocks.values()) <= set(tiers.host.entries)
+    assert_tiers_hold_their_tokens(sched, [a, b, c])
+
+
+def test_running_requests_blocks_are_written_behind_after_the_step_that_fills_them():
+    sched = tiered_scheduler(16, host=50)
+    tiers = sched.block_manager.tiers
+    a = make_request("a", 13, max_tokens=6)
+    sched.add_request(a)
+    out, _ = fake_step(sched)                       # prefill: fills 3 blocks
+    assert not out.kv_transfers
+    a_blocks = hashed_blocks(sched, a)
+    out, _ = fake_step(sched)                       # decode: writes them behind
+    assert {(t.src, t.behind) for t in out.kv_transfers} == {(blk, True) for blk in a_blocks}
+    while len(hashed_blocks(sched, a)) == 3:        # decodes of positions 14, 15: the second
+        out, _ = fake_step(sched)                   # fills block 3, and must not copy it yet
+        assert not out.kv_transfers
+    out, _ = fake_step(sched)
+    assert [(t.src, t.behind) for t in out.kv_transfers] == [(sched.block_manager.block_table("a")[3], True)]
+    run_to_completion(sched)
+    assert tiers.host.stats.bytes_written_behind == 400
+    c = make_request("c", 63, max_tokens=1)         # every device block: a's are evicted
+    sched.add_request(c)
+    log = run_to_completion(sched)
+    assert [offloads_on_eviction(o) for o in log.steps] == [[] for _ in log.steps]
+    d = make_request("d", a.all_token_ids[:16] + [55_555, 55_556], max_tokens=2)
+    sched.add_request(d)
+    run_to_completion(sched)                        # the fake KV checks the loaded blocks' tokens
+    assert d.num_cached_tokens == 16 and tiers.host.stats.hit_blocks == 4
+
+
+def test_write_behind_is_bounded_per_step_and_never_copies_a_reused_block():
+    """One block per step: a's other blocks are evicted (and handed to c) before their turn; they
+    must be offloaded on eviction, once, and their queued write-behind dropped, not run later on
+    c's data."""
+    sched = tiered_scheduler(16, host=50, write_behind=100)
+    bm, tiers = sched.block_manager, sched.block_manager.tiers
+    a = make_request("a", 17, max_tokens=1)
+    sched.add_request(a)
+    run_to_completion(sched)
+    a_hashes = set(a.block_hashes[:4])
+    assert set(tiers.unwritten.values()) == a_hashes
+    b = make_request("b", 3, max_tokens=1)
+    sched.add_request(b)
+    out, _ = fake_step(sched)
+    assert [t.behind for t in out.kv_transfers] == [True]
+    c = make_request("c", 63, max_tokens=1)
+    sched.add_request(c)
+    copied: list[bytes] = []
+    while sched.has_unfinished():
+        out = sched.schedule()
+        for t in out.kv_transfers:
+            if t.op is D2H:
+                h = next(h for h, slot in tiers.host.entries.items() if slot == t.dst)
+                copied.append(h)
+                if t.behind:        # the source still caches that hash when the copy is recorded
+                    assert bm.blocks[t.src].block_hash == h and bm.cached_blocks[h] == t.src
+        factories._kv_caches[sched].run(out)
+        from inference.scheduler import ModelRunnerOutput
+        sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={
+            it.request.request_id: factories.fake_token(it.request) for it in out.scheduled if it.needs_sample}))
+        assert not set(tiers.unwritten) & set(bm.block_table("c"))
+    a_copies = [h for h in copied if h in a_hashes]
+    assert len(a_copies) == len(set(a_copies)) == 3           # the 3 not written behind yet, once each
+    assert_tiers_hold_their_tokens(sched, [a, b, c])
+    d = make_request("d", a.all_token_ids[:16] + [55_555], max_tokens=2)
+    sched.add_request(d)
+    run_to_completion(sched)
+    assert d.num_cached_tokens == 16
+
+
+def test_reused_block_queued_for_write_behind_is_not_copied():
+    """The index alone: a queued block whose hash changed (reused, forgotten) is skipped; an
+    evicted one leaves the queue; the budget rounds up to whole blocks."""
+    tiers = KVTierIndex(8, 0, 4, bytes_per_block=100, write_behind_bytes=150)
+    for blk, h in ((1, b"h1"), (2, b"h2"), (3, b"h3"), (4, b"h4")):
+        tiers.on_device_free(h, blk)
+    tiers.on_device_evict(b"h2", 2)                      # offloaded now, on the critical path
+    assert [t.behind for t in tiers.take_transfers()] == [False]
+    holds = {1: b"other", 3: b"h3", 4: b"h4"}            # block 1 was reused for other data
+    tiers.write_behind(lambda blk, h: holds.get(blk) == h)
+    assert [(t.src, t.behind) for t in tiers.take_transfers()] == [(3, True), (4, True)]   # 2 blocks
+    assert set(tiers.host.entries) == {b"h2", b"h3", b"h4"} and not tiers.unwritten
+    tiers.on_device_free(b"h3", 3)                       # already below: nothing to do
+    assert not tiers.unwritten
+    off = KVTierIndex(8, 0, 4, bytes_per_block=100, write_behind_bytes=0)
+    off.on_device_free(b"h1", 1)
+    off.write_behind(lambda blk, h: True)
+    assert not off.take_transfers()
+
+
+def test_write_behind_never_pushes_host_entries_to_disk():
+    """A full host tier with a disk tier below: write-behind waits (it would cost a disk write on
+    a decode step); without a disk tier it drops the LRU entry like an eviction would."""
+    for disk, want in ((10, []), (0, [(5, True)])):
+        tiers = KVTierIndex(1, disk, 4, bytes_per_block=100)
+        tiers.on_device_evict(b"old", 9)
+        tiers.take_transfers()
+        tiers.on_device_free(b"new", 5)
+        tiers.write_behind(lambda blk, h: True)
+        assert [(t.src, t.behind) for t in tiers.take_transfers()] == want
+        assert list(tiers.unwritten) == ([5] if disk else [])
+
+
+def test_failed_step_requeues_its_write_behind():
+    sched = tiered_scheduler(16, host=50)
+    tiers = sched.block_manager.tiers
+    a = make_request("a", 13, max_tokens=1)
+    sched.add_request(a)
+    run_to_completion(sched)
+    b = make_request("b", 3, max_tokens=1)
+    sched.add_request(b)
+    out = sched.schedule()
+    assert len(out.kv_transfers) == 3 and all(t.behind for t in out.kv_transfers)
+    sched.rollback(out)                              # the copies may not have run
+    sched.finish_request("b", factories.RequestStatus.FINISHED_ABORTED)
+    assert not tiers.host.entries and len(tiers.unwritten_live) == 3
+    sched.add_request(make_request("b2", 3, max_tokens=1))
+    out, _ = fake_step(sched)
+    assert len(out.kv_transfers) == 3 and len(tiers.host.entries) == 3
+    assert_tiers_hold_their_tokens(sched, [a])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_write_behind_under_aborts_preemptions_and_failed_steps(seed):
+    """Random traffic over shared prefixes in a pool that preempts, with aborts and failed steps:
+    every step reads the right tokens, no block leaks, and every tier entry holds its hash's
+    tokens."""
+    from inference.scheduler import ModelRunnerOutput
+    rng = random.Random(seed)
+    sched = tiered_scheduler(14, host=12 + 10 * (seed % 2), disk=20 * (seed % 3 == 0), budget=16,
+                             write_behind=100 * (1 + seed % 3))
+    bm, kv = sched.block_manager, factories._kv_caches[sched]
+    prefixes = [[40_000 + 100 * p + i for i in range(rng.randrange(5, 21))] for p in range(4)]
+    requests = []
+    for step in range(400):
+        if rng.random() < 0.35 and len(sched.requests) < 5:
+            tail = [rng.randrange(50_000, 60_000) for _ in range(rng.randrange(1, 9))]
+            r = make_request(f"r{step}", rng.choice(prefixes) + tail, max_tokens=rng.randrange(1, 7))
+            sched.add_request(r)
+            requests.append(r)
+        if sched.requests and rng.random() < 0.06:
+            sched.finish_request(rng.choice(list(sched.requests)), factories.RequestStatus.FINISHED_ABORTED)
+        if not sched.has_unfinished():
+            continue
+        out = sched.schedule()
+        if out.kv_transfers and rng.random() < 0.08:         # the step fails: nothing ran
+            sched.rollback(out)
+            for item in out.scheduled:
+                sched.finish_request(item.request.request_id, factories.RequestStatus.FINISHED_ABORTED)
+            continue
+        kv.run(out)
+        sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={
+            it.request.request_id: factories.fake_token(it.request) for it in out.scheduled if it.needs_sample}))
+        check_block_manager(bm)
+    run_to_completion(sched)
+    assert bm.num_free_blocks == bm.num_blocks and not bm.req_to_blocks
+    stats = bm.tier_stats()
+    assert stats.tier("host").bytes_written_behind > 0
+    for t in stats.tiers:
+        assert 0 <= t.num_used <= t.num_slots
+    assert_tiers_hold_their_tokens(sched, requests)
 
 
 # ---- config --------------------------------------------------------------------------------------
@@ -193,6 +409,33 @@ def test_host_tier_same_outputs_fewer_prefill_tokens(without_tiers):
     assert host.hit_blocks > 0 and host.bytes_in > 0 and host.bytes_out == host.hit_blocks * BLOCK_BYTES_TINY
     assert host.num_used <= host.num_slots == 200
     assert_all_blocks_free(llm)
+
+
+def test_write_behind_same_outputs_fewer_offloads_on_the_critical_path(without_tiers):
+    """fp32 replies identical with write-behind on and off; with it on, most evictions find the
+    block already in the host tier (the step that evicts it copies nothing)."""
+    offloads, behind = {}, {}
+    for write_behind in (True, False):
+        llm = _tiny(swap_space=200 * BLOCK_BYTES_TINY / 2**30)
+        if not write_behind:
+            llm.engine.block_manager.tiers.write_behind_bytes = 0
+        runner, plain = llm.engine.runner, llm.engine.runner.apply_kv_transfers
+        offloads[write_behind] = behind[write_behind] = 0
+
+        def apply(sched, plain=plain, key=write_behind):
+            offloads[key] += sum(1 for t in sched.kv_transfers if t.op is D2H and not t.behind)
+            behind[key] += sum(1 for t in sched.kv_transfers if t.behind)
+            plain(sched)
+        runner.apply_kv_transfers = apply
+        replies, computed = _multi_turn(llm)
+        assert replies == without_tiers[0]
+        assert computed < 0.5 * without_tiers[1]
+        host = llm.engine.scheduler.stats().kv_tiers.tier("host")
+        assert host.bytes_written_behind == behind[write_behind] * BLOCK_BYTES_TINY <= host.bytes_in
+        assert host.bytes_in == (offloads[write_behind] + behind[write_behind]) * BLOCK_BYTES_TINY
+        assert_all_blocks_free(llm)
+    assert behind[False] == 0 and behind[True] > 0
+    assert offloads[True] < 0.5 * offloads[False], offloads
 
 
 def test_disk_tier_round_trips(without_tiers, tmp_path):
