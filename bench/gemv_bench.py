@@ -4,16 +4,27 @@ then the plain-weight Triton GEMV's tile sweep (kernels/quant_gemv.py, BITS=16) 
 cuBLAS on Llama-2-7B's four linear shapes. (Run 22 also timed SiLU-and-mul in the down GEMV's
 prologue: slower in every format, removed; bench/NOTES.md.)
 
+Section `quant`: the int8 (per channel) / int4 (group 128) GEMV's code conversions at M=1
+(kernels/quant_gemv.py CONVERT 0 = today's I2F, 1 = fp16 magic, 2 = fp16 magic with the offset in
+the zero point, 3 = HFMA2 chunks) over a tile sweep on every 7B shape, each config's relative
+error against the fp32 dequantized reference, bf16 cuBLAS as the peer; per (format, variant) the
+SASS opcode counts, registers and spills of its default-tile kernel. A config that fails to
+compile or run is logged and skipped.
+
 Every time comes from one CUDA graph over enough weight copies (>= 600 MB) that each call reads
 its weight from DRAM, not L2 (bench/quant_gpu.py's graph_time); GB/s count the weight bytes.
 
     python3 bench/gemv_bench.py --out $OUT/gemv.json [--sections pdl,bf16]
+    python3 bench/gemv_bench.py --sections quant --out $OUT/gemv_quant.json [--converts 0,1,2,3]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,10 +36,129 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_kernels import log  # noqa: E402
 from quant_gpu import SHAPES, graph_time, quantized_copies  # noqa: E402
 
+import kernels.quant_gemv as quant_gemv_module  # noqa: E402
 from kernels.quant_gemv import gemv, quant_gemv  # noqa: E402
 from kernels.rms_norm import rms_norm  # noqa: E402
 
 TILES = [(bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024) for w in (4, 8)]
+QUANT_TILES = [(bn, bk, w) for bn in (8, 16, 32) for bk in (512, 1024) for w in (2, 4, 8)]
+MAX_PRODUCTS_PER_THREAD = 256       # larger tiles spill (run 17) and take long to compile: skipped
+SASS_OPS = ("I2F", "I2FP", "PRMT", "LOP3", "SHF", "HADD2", "HMUL2", "HFMA2", "FFMA", "FADD", "FMUL",
+            "F2FP", "SHFL", "LDG", "LDS", "STS", "BAR")
+
+
+def compiled_kernels() -> list:
+    """The quant GEMV's compiled kernels in Triton's in-memory cache (best effort: the cache's
+    layout differs between Triton versions)."""
+    found = []
+    for cache in getattr(quant_gemv_module._quant_gemv_kernel, "device_caches", {}).values():
+        for part in cache if isinstance(cache, tuple) else (cache,):
+            if isinstance(part, dict):
+                found += [k for k in part.values() if hasattr(k, "asm")]
+    return found
+
+
+def kernel_profile(kernel) -> dict:
+    """Registers, spills and the SASS opcode counts that tell the conversions apart."""
+    out = {"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None)}
+    try:
+        sass = kernel.asm["sass"]
+        ops = collections.Counter(m.group(1).split(".")[0] for m in
+                                  re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)", sass))
+        out["sass_total"] = sum(ops.values())
+        out["sass"] = {op: ops.get(op, 0) for op in SASS_OPS}
+    except Exception as e:                                                 # no cuobjdump / nvdisasm
+        out["sass_error"] = f"{type(e).__name__}: {e}"[:200]
+        ptx = kernel.asm.get("ptx", "")
+        ops = collections.Counter(m.group(1) for m in re.finditer(r"^\s+(?:@%p\d+\s+)?([a-z][a-z0-9_.]*)", ptx, re.M))
+        out["ptx"] = {op: n for op, n in ops.most_common(25)}
+    return out
+
+
+def unpacked_codes(qw: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    if bits == 8:
+        return qw
+    return torch.stack([qw & 0xF, qw >> 4], -1).reshape(qw.shape[0], -1)[:, :k]
+
+
+def quant_sweep(converts: list[int], tiles: list[tuple[int, int, int]], bit_widths: list[int],
+                out_path: Path, res: dict) -> dict:
+    """Every (format, shape, CONVERT, tile) at M=1, timed in one CUDA graph over >= 600 MB of code
+    copies; rel_err against fp32 x @ dequantized W. Writes what is done after each shape."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    sweep, best_rows, failures, profiles = [], [], [], {}
+    done = res.setdefault("quant", {"sweep": sweep, "best": best_rows, "failures": failures, "kernels": profiles})
+    t_start = time.time()
+    for bits in bit_widths:
+        for name, (n, k) in SHAPES.items():
+            copies = max(2, int(6e8 // (n * k * bits / 8)))             # >= 600 MB of codes: past L2
+            packs = quantized_copies(n, k, bits, copies, gen)
+            qw0, s0, z0, gl = packs[0][:4]
+            nbytes = qw0.numel() + 8 * s0.numel()
+            x = torch.randn(1, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+            deq = (unpacked_codes(qw0, bits, k).float() - z0.repeat_interleave(gl, 1)[:, :k]) * s0.repeat_interleave(gl, 1)[:, :k]
+            ref = x.float() @ deq.t()
+            deq = None
+            bf16 = [p[4] for p in packs]
+            t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, bf16[i]), copies)
+            bf16 = None
+            per_convert = {}
+            for convert in converts:
+                for tile in [None] + tiles:
+                    bn, bk, warps = tile if tile else (None, None, None)
+                    cfg = f"int{bits} {name} convert={convert} " + (f"{bn}/{bk}/{warps}" if tile else "default")
+                    if tile and bn * bk / (32 * warps) > MAX_PRODUCTS_PER_THREAD:
+                        continue
+                    kw = {"tiles": (bn, bk) if tile else None, "num_warps": warps, "convert": convert}
+                    before = {id(c) for c in compiled_kernels()}
+                    try:
+                        got = quant_gemv(x, qw0, s0, z0, bits, gl, **kw).float()
+                        err = float((got - ref).norm() / ref.norm())
+                        t = graph_time(lambda i: quant_gemv(x, packs[i][0], packs[i][1], packs[i][2], bits, packs[i][3],
+                                                            **kw), copies)
+                    except Exception as e:                                 # compile failure, bad PTX, registers
+                        msg = f"{type(e).__name__}: {e}"
+                        log(f"  FAILED {cfg}: {msg[:300]}")
+                        failures.append({"config": cfg, "error": msg[:2000]})
+                        continue
+                    if tile is None:
+                        new = [c for c in compiled_kernels() if id(c) not in before]
+                        key = f"int{bits} convert={convert} n={n}"
+                        if new and key not in profiles:
+                            profiles[key] = kernel_profile(new[-1])
+                    row = {"shape": name, "n": n, "k": k, "bits": bits, "convert": convert, "block_n": bn,
+                           "block_k": bk, "warps": warps, "default": tile is None, "us": t * 1e6,
+                           "GBps": nbytes / t / 1e9, "rel_err": err, "bf16_us": t_bf16 * 1e6,
+                           "speedup_vs_bf16": t_bf16 / t}
+                    sweep.append(row)
+                    ok = err < 2e-2          # the fp32 reference: a right kernel is ~1e-3 (bf16 output)
+                    cur = per_convert.get(convert)
+                    if ok and (cur is None or t * 1e6 < cur["us"]):
+                        per_convert[convert] = row
+                    if not ok:
+                        log(f"  WRONG {cfg}: rel_err {err:.3g}")
+            base = next((r["us"] for r in sweep if r["shape"] == name and r["bits"] == bits and r["convert"] == 0
+                         and r["default"]), None)
+            for convert, row in sorted(per_convert.items()):
+                row = dict(row, vs_today_default=(base / row["us"]) if base else None)
+                best_rows.append(row)
+                log(f"int{bits} {name:8s} convert={convert}: best {row['us']:6.1f} us ({row['GBps']:5.0f} GB/s, "
+                    f"{row['speedup_vs_bf16']:.2f}x bf16 {row['bf16_us']:.1f} us"
+                    + (f", {row['vs_today_default']:.2f}x today's default" if base else "")
+                    + f") at {row['block_n']}/{row['block_k']}/{row['warps']}, rel_err {row['rel_err']:.2e}")
+            log(f"  [{time.time() - t_start:.0f} s]")
+            packs = None
+            torch.cuda.empty_cache()
+            out_path.write_text(json.dumps(res, indent=1))
+    log("\nbest per variant (us):  " + "  ".join(f"c{c}" for c in converts))
+    for bits in bit_widths:
+        for name in SHAPES:
+            cells = {r["convert"]: r["us"] for r in best_rows if r["bits"] == bits and r["shape"] == name}
+            log(f"  int{bits} {name:8s} " + "  ".join(f"{cells[c]:6.1f}" if c in cells else "   n/a" for c in converts))
+    for key, prof in profiles.items():
+        log(f"  {key}: regs {prof.get('n_regs')} spills {prof.get('n_spills')} "
+            + (" ".join(f"{op}={c}" for op, c in prof["sass"].items() if c) if "sass" in prof else prof.get("sass_error", "")))
+    return done
 
 
 def bf16_sweep() -> list[dict]:
@@ -103,7 +233,11 @@ def pdl_chains() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_gemv.json"))
-    ap.add_argument("--sections", default="pdl,bf16")
+    ap.add_argument("--sections", default="pdl,bf16", help="pdl, bf16, quant")
+    ap.add_argument("--converts", default="0,1,2,3", help="quant: kernels/quant_gemv.py CONVERT values")
+    ap.add_argument("--bits", default="8,4", help="quant: formats")
+    ap.add_argument("--tiles", default=None,
+                    help="quant: BLOCK_N/BLOCK_K/warps list, e.g. 16/1024/4,8/512/2 (default: the 3 x 2 x 3 sweep)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     import triton
@@ -111,12 +245,16 @@ def main() -> None:
     from cpu_engine import git_commit
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
            "commit": git_commit()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for name, fn in (("pdl", pdl_chains), ("bf16", bf16_sweep)):
         if name not in sections:
             continue
         res[name] = fn()
         Path(args.out).write_text(json.dumps(res, indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    if "quant" in sections:
+        tiles = QUANT_TILES if not args.tiles else [tuple(int(v) for v in t.split("/")) for t in args.tiles.split(",")]
+        quant_sweep([int(c) for c in args.converts.split(",")], tiles, [int(b) for b in args.bits.split(",")],
+                    Path(args.out), res)
     Path(args.out).write_text(json.dumps(res, indent=1))
 
 
