@@ -43,7 +43,7 @@ from kernels.rms_norm import rms_norm  # noqa: E402
 TILES = [(bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024) for w in (4, 8)]
 QUANT_TILES = [(bn, bk, w) for bn in (8, 16, 32) for bk in (512, 1024) for w in (2, 4, 8)]
 MAX_PRODUCTS_PER_THREAD = 256       # larger tiles spill (run 17) and take long to compile: skipped
-SASS_OPS = ("I2F", "I2FP", "PRMT", "LOP3", "SHF", "HADD2", "HMUL2", "HFMA2", "FFMA", "FADD", "FMUL",
+SASS_OPS = ("I2F", "I2FP", "F2F", "PRMT", "LOP3", "SHF", "HADD2", "HMUL2", "HFMA2", "FFMA", "FADD", "FMUL",
             "F2FP", "SHFL", "LDG", "LDS", "STS", "BAR")
 
 
