@@ -28,10 +28,12 @@ def inputs(m: int, k: int, dtype, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("m,k,pad", [(1, 64, 16), (5, 200, 16), (16, 96, 16), (3, 40, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_reference(m, k, pad, dtype):
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_matches_reference(m, k, pad, dtype, one_pass):
     x = inputs(m, k, dtype, seed=m + k)
     x[m // 2] = 0                                                       # an all-zero row: tiny scale, zeros
-    q, s = per_token_fp8(x, pad_rows_to=pad, block_k=32)                # several K blocks per row
+    # two passes: several 32-column blocks per row; one pass: the row padded to a power of two
+    q, s = per_token_fp8(x, pad_rows_to=pad, block_k=32, one_pass=one_pass)
     rq, rs = per_token_fp8_reference(x, pad_rows_to=pad)
     assert q.shape == rq.shape == (-(-m // pad) * pad, k) and s.shape == (q.shape[0], 1)
     assert torch.equal(s, rs)
@@ -50,7 +52,7 @@ def test_bad_inputs():
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k", [(1, 4096), (7, 11008), (300, 4096), (2048, 4096)])
+@pytest.mark.parametrize("m,k", [(1, 4096), (7, 11008), (300, 4096), (2048, 4096), (3, 20000)])
 def test_real_shapes(m, k):
     x = inputs(m, k, torch.bfloat16, seed=m)
     q, s = per_token_fp8(x)
