@@ -25,6 +25,7 @@ from kernels.triton_utils import (
     check_paged_attention_inputs,
     dot,
     dot_fp32,
+    f16_dot,
     grid_dependency_sync,
     pdl_options,
     use_pdl,
@@ -41,6 +42,7 @@ def _decode_split_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
+    F16_DOT: tl.constexpr,
 ):
     grid_dependency_sync(PDL)
     b = tl.program_id(0)
@@ -53,6 +55,8 @@ def _decode_split_kernel(
     g_mask = g < GROUP
     q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=g_mask[:, None], other=0.0)                           # [G_PAD, D]
+    if F16_DOT:
+        q = q.to(tl.float16)             # the tiles below upcast to q's dtype (see `f16_dot`)
     if NUM_SPLITS == 1:
         start = 0
         end = ctx
@@ -169,6 +173,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1),
         GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_FP32=dot_fp32(q), PDL=pdl,
+        F16_DOT=f16_dot(q, k_cache),
         num_warps=num_warps, num_stages=num_stages, **pdl_options(pdl))
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import LOG2E, check_paged_attention_inputs, dot, dot_fp32
+from kernels.triton_utils import LOG2E, check_paged_attention_inputs, dot, dot_fp32, f16_dot
 
 
 @triton.jit
@@ -104,7 +104,7 @@ def _prefill_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_NEW: tl.constexpr, TMA: tl.constexpr,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, DOT_FP32: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, DOT_FP32: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     # Longest tiles (last queries: most keys) first, so the causal tail doesn't idle the GPU.
@@ -131,6 +131,8 @@ def _prefill_kernel(
     else:
         q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
                     mask=i_mask[:, None], other=0.0)                       # [BLOCK_M, D]
+    if F16_DOT:
+        q = q.to(tl.float16)                     # a float8 cache: the dots in fp16 (`f16_dot`)
     q_pos = prefix + i
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -242,7 +244,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_NEW=has_new, TMA=tma, NUM_HEADS=num_heads,
-        NUM_KV_HEADS=num_kv_heads, DOT_FP32=dot_fp32(q),
+        NUM_KV_HEADS=num_kv_heads, DOT_FP32=dot_fp32(q), F16_DOT=f16_dot(q, k_cache) and not has_new,
         num_warps=num_warps, num_stages=num_stages)
     return out
 

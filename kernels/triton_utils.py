@@ -27,6 +27,16 @@ def dot_fp32(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype != torch.float32
 
 
+def f16_dot(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """A float8 cache with 16-bit q on a GPU: the attention dots run in fp16 (q cast once per
+    tile, fp32 accumulation). e4m3 -> fp16 is one packed instruction per two values on Hopper,
+    e4m3 -> bf16 goes through fp32; in bf16 the fp8 decode attention ran slower than the bf16
+    cache's, for half the bytes (bench/NOTES.md run 29). fp16 holds every e4m3 value exactly
+    and q, p in [0, 1] with more mantissa than bf16."""
+    return (cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+            and not dot_fp32(q))
+
+
 def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tensor,
                                  v_cache: torch.Tensor) -> tuple[int, int, int, int]:
     """Shared checks of the attention wrappers: q [T, H, D] (last dim contiguous) and equal paged
