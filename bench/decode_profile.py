@@ -6,6 +6,10 @@ durations, and per kernel name its launches per step and mean / total microsecon
 (replay - sum of kernels) is the time the GPU spends between kernels of the graph.
 
     python3 bench/decode_profile.py --out $OUT/decode_profile.json [--formats bf16,int8,int4]
+        [--variants]
+
+--variants re-captures the batch-1 graph with each split count of the decode attention (1-16)
+and times each replay on the same inputs, so the A/B comes from one process and one cache.
 """
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ def profile_replay(graph, reps: int) -> tuple[dict, float]:
     return {n: (c / reps, t / reps) for n, (c, t) in kernels.items()}, total
 
 
-def run_format(fmt: str, context: int, reps: int) -> dict:
+def run_format(fmt: str, context: int, reps: int, variants: bool = False) -> dict:
     llm = LLM("random:llama-2-7b", device="cuda", dtype="bfloat16", max_model_len=1024,
               gpu_memory_utilization=0.5, max_num_seqs=8, max_num_batched_tokens=1024,
               quantization=None if fmt == "bf16" else fmt)
@@ -73,10 +77,34 @@ def run_format(fmt: str, context: int, reps: int) -> dict:
         f"gaps {out['gap_ms']:.3f} ms, {out['kernels_per_step']:.0f} kernels/step")
     for r in rows[:16]:
         log(f"  {r['per_step']:6.1f} x {r['mean_us']:7.2f} us = {r['us_per_step'] / 1e3:6.3f} ms  {r['kernel']}")
+    if variants:
+        out["variants"] = run_variants(runner, reps)
     del llm, runner, graph
     gc.collect()
     torch.cuda.empty_cache()
     return out
+
+
+def run_variants(runner, reps: int) -> list[dict]:
+    """The batch-1 graph re-captured with each split count of the decode attention; replay time
+    and kernel sum of each, on the same inputs."""
+    default = runner._graph_splits(1)
+    rows = []
+    for splits in sorted({1, 2, 4, 8, 16, default}):
+        meta = runner._decode_meta(1, splits)
+        runner.graphs.capture(1, lambda meta=meta: runner._decode_forward(1, meta))
+        graph = runner.graphs[1][0]
+        replay = timed(graph.replay, reps=100)
+        kernels, kernel_sum = profile_replay(graph, reps)
+        attn_us = sum(t for n, (c, t) in kernels.items() if "decode" in n)
+        row = {"splits": splits, "default": splits == default, "replay_ms": replay * 1e3, "tok_s": 1 / replay,
+               "kernel_sum_ms": kernel_sum / 1e3, "attention_us_per_step": attn_us}
+        log(f"  splits {splits:3d}{' (default)' if splits == default else ''}: replay {row['replay_ms']:.3f} ms "
+            f"= {row['tok_s']:.1f} tok/s, attention kernels {attn_us:.0f} us/step")
+        rows.append(row)
+    meta = runner._decode_meta(1, default)          # leave the default graph in place
+    runner.graphs.capture(1, lambda meta=meta: runner._decode_forward(1, meta))
+    return rows
 
 
 def main() -> None:
@@ -85,6 +113,7 @@ def main() -> None:
     ap.add_argument("--formats", default="bf16,int8,int4")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--variants", action="store_true", help="A/B the split counts (see the docstring)")
     args = ap.parse_args()
     import triton
 
@@ -92,7 +121,7 @@ def main() -> None:
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
            "commit": git_commit(), "args": vars(args), "formats": {}}
     for fmt in args.formats.split(","):
-        res["formats"][fmt] = run_format(fmt, args.context, args.reps)
+        res["formats"][fmt] = run_format(fmt, args.context, args.reps, args.variants)
         Path(args.out).write_text(json.dumps(res, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))

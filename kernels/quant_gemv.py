@@ -52,11 +52,6 @@ from kernels.triton_utils import (
 # only one row runs at the codes' full rate: 1.3-1.5x bf16 cuBLAS at int8.
 GEMV_MAX_ROWS = 2
 
-# The first slab's codes load before the programmatic-dependent-launch wait (PDL launches only):
-# the weights do not depend on the previous kernel (bench/NOTES.md "What is left" (c);
-# bench/decode_profile.py --variants A/Bs it).
-PREFETCH_FIRST_SLAB = False
-
 CONVERTS = (0, 1, 2, 3)
 
 # The bit tricks' constants, shared by the PTX below, the interpreter's emulation and the
@@ -339,7 +334,6 @@ def _quant_gemv_kernel(
     CONVERT: tl.constexpr,      # how codes become numbers (module docstring); 0 for BITS=16
     EMULATE: tl.constexpr,      # interpreter: CONVERT 1-3's PTX as Triton ops
     PDL: tl.constexpr,          # launched as a programmatic dependent launch (kernels/triton_utils.py)
-    PREFETCH: tl.constexpr,     # the first slab's codes load before the PDL wait (they do not depend on it)
 ):
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -352,8 +346,6 @@ def _quant_gemv_kernel(
             w_rows = QW.to(tl.pointer_type(tl.int64)) + rn.to(tl.int64)[:, None] * (stride_qn // 8)
         else:
             w_rows = QW.to(tl.pointer_type(tl.int32)) + rn.to(tl.int64)[:, None] * (stride_qn // 4)
-    if PREFETCH:
-        codes0 = _load_codes(q_rows, w_rows, 0, K, n_mask, BITS, BLOCK_K, CONVERT)
     grid_dependency_wait(PDL)
     x_scale = 1.0
     x_unscale = 1.0
@@ -362,12 +354,10 @@ def _quant_gemv_kernel(
     # Tried on the H200 (bench/NOTES.md runs 17-18): an element-wise accumulator summed once after
     # the loop (holds BLOCK_N x BLOCK_K fp32 and spills: 2x slower) and int-to-float replaced by
     # the 2^23 mantissa trick (3-7% slower). Each slab's products are summed as it arrives.
+    # Loading the first slab's codes before the PDL wait (they do not depend on the previous
+    # kernel) made no difference: bench/NOTES.md run 27.
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if PREFETCH:
-        acc += _slab(codes0, 0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_sn, x_scale,
-                     BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE)
-    START: tl.constexpr = BLOCK_K if PREFETCH else 0
-    for k0 in range(START, K, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         codes = _load_codes(q_rows, w_rows, k0, K, n_mask, BITS, BLOCK_K, CONVERT)
         acc += _slab(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_sn, x_scale,
                      BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE)
@@ -431,7 +421,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_TILE=group_tile,
         CONVERT=convert, EMULATE=x.device.type != "cuda", PDL=pdl,
-        PREFETCH=PREFETCH_FIRST_SLAB and pdl, num_warps=num_warps or default_warps, **pdl_options(pdl))
+        num_warps=num_warps or default_warps, **pdl_options(pdl))
     return out
 
 
