@@ -140,6 +140,24 @@ class BlockManager:
                 self.free_queue[block_id] = None
         return hit[:num_hit]
 
+    def can_load_now(self, request: Request) -> bool:
+        """Whether a waiting request may be admitted to the step being scheduled as far as lower
+        tiers go: False when part of its prefix must be copied up and the step already carries
+        its budget of such copies (KVTierIndex.load_budget_bytes); it then waits a step, and its
+        copies overlap this step's compute."""
+        tiers = self.tiers
+        if tiers is None or tiers.load_budget_bytes is None or not tiers.num_pending_loads:
+            return True
+        request.update_block_hashes(self.block_size)
+        num_loads = 0
+        for block_hash in request.block_hashes[:(request.num_tokens - 1) // self.block_size]:
+            if block_hash in self.cached_blocks:
+                continue
+            if not tiers.contains(block_hash):
+                break
+            num_loads += 1
+        return tiers.loads_fit(num_loads)
+
     # ---- allocation ----------------------------------------------------------------------
     def can_allocate(self, request: Request, num_new_tokens: int,
                      new_computed_blocks: list[int] = ()) -> bool:

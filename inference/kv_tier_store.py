@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from inference.config import CacheConfig
-from inference.kv_tiers import KVTierIndex, KVTransfer, TransferOp
+from inference.kv_tiers import LOAD_BYTES_PER_STEP, KVTierIndex, KVTransfer, TransferOp
 
 STAGING_BYTES = 256 << 20     # device staging for one batch of device <-> host copies
 WORDS_PER_PROGRAM = 1024      # 8-byte words one gather / scatter program moves (8 KiB)
@@ -79,12 +79,15 @@ def tier_sizes(cache: CacheConfig, bytes_per_block: int) -> TierSizes | None:
 
 
 def tier_index_for(runner) -> KVTierIndex | None:
-    """The block manager's bookkeeping for the runner's tiers (None without tiers)."""
+    """The block manager's bookkeeping for the runner's tiers (None without tiers). A runner whose
+    steps overlap (CUDA) gets a load budget per step: the next step's copies up run beside this
+    step's compute. (Not known here: a speculative engine runs steps in turn all the same.)"""
     store: KVTierStore | None = getattr(runner, "kv_tier_store", None)
     if store is None:
         return None
     s = store.sizes
-    return KVTierIndex(s.num_host_slots, s.num_disk_slots, store.block_size, s.bytes_per_block)
+    return KVTierIndex(s.num_host_slots, s.num_disk_slots, store.block_size, s.bytes_per_block,
+                       load_budget_bytes=LOAD_BYTES_PER_STEP if getattr(runner, "overlaps", False) else None)
 
 
 class KVTierStore:

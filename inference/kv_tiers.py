@@ -29,6 +29,12 @@ Write-behind fills free host slots; for a freed block without a disk tier it may
 tier's LRU entry (as its eviction would); it never pushes an entry down to disk (synchronous host
 work, left to real evictions).
 
+Load budget (`load_budget_bytes`, set where steps overlap: the CUDA runner with async scheduling):
+a step takes the prefix hits of waiting requests until their copies up reach the budget; the
+next request waits one step. Its loads then run on the side stream while this step computes,
+instead of every later turn of a round waiting for all of the round's loads before any of them
+computes (the first hit of a step is always admitted, however large).
+
 Nothing here touches tensors. `KVTierIndex` maps hashes to slots and records, in order, the
 `KVTransfer`s the model runner must execute before the step's forward (inference/kv_tier_store.py):
 order matters, e.g. a device block is read by its offload before a load overwrites it.
@@ -39,8 +45,8 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-
 WRITE_BEHIND_BYTES_PER_STEP = 16 << 20    # H200 8B: 8 blocks, ~0.3 ms of link time beside a ~6 ms step
+LOAD_BYTES_PER_STEP = 256 << 20           # overlapped steps: ~5 ms of loads at ~50 GB/s, one staging round
 
 
 class TransferOp(enum.Enum):
@@ -149,7 +155,7 @@ class KVTierIndex:
     """
 
     def __init__(self, num_host_slots: int, num_disk_slots: int, block_size: int, bytes_per_block: int,
-                 write_behind_bytes: int = WRITE_BEHIND_BYTES_PER_STEP):
+                 write_behind_bytes: int = WRITE_BEHIND_BYTES_PER_STEP, load_budget_bytes: int | None = None):
         if num_host_slots < 1:
             raise ValueError(f"num_host_slots: must be >= 1, got {num_host_slots}")
         if write_behind_bytes < 0:
@@ -157,6 +163,8 @@ class KVTierIndex:
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.write_behind_bytes = write_behind_bytes     # per step; 0: off (any > 0: >= 1 block)
+        self.load_budget_bytes = load_budget_bytes       # copies up per step; None: no bound
+        self.num_pending_loads = 0                       # copies up recorded for the next step
         self.host = SlotTier("host", num_host_slots)
         self.disk = SlotTier("disk", num_disk_slots) if num_disk_slots > 0 else None
         self.pending: list[KVTransfer] = []
@@ -228,6 +236,13 @@ class KVTierIndex:
         self.host.insert(block_hash, slot)
 
     # ---- prefix hits below the device --------------------------------------------------------
+    def loads_fit(self, num_loads: int) -> bool:
+        """Whether a prefix hit that copies `num_loads` blocks up may join the step being
+        scheduled (always when it is the step's first, so every request gets its turn)."""
+        if self.load_budget_bytes is None or not num_loads or not self.num_pending_loads:
+            return True
+        return (self.num_pending_loads + num_loads) * self.bytes_per_block <= self.load_budget_bytes
+
     def pin(self, hashes) -> None:
         """Keep these hashes in their tiers while a lookup loads them (until each one's
         record_load): copies made room for meanwhile must pick other victims."""
@@ -260,12 +275,14 @@ class KVTierIndex:
         """The copy up of a staged hash into `block_id`. Its host slot may be reused from now on:
         whatever overwrites it is recorded, and so runs, after this copy."""
         self._record(TransferOp.HOST_TO_DEVICE, host_slot, block_id, self.host, "out")
+        self.num_pending_loads += 1
         self.pinned.discard(block_hash)
 
     # ---- the runner's side -----------------------------------------------------------------
     def take_transfers(self) -> list[KVTransfer]:
         """The copies recorded since the last call, in the order they must run."""
         out, self.pending = self.pending, []
+        self.num_pending_loads = 0
         return out
 
     def forget_transfers(self, transfers: list[KVTransfer]) -> None:

@@ -19,7 +19,13 @@ from inference.kv_tiers import KVTierIndex, KVTransfer, TransferOp
 from inference.scheduler import Scheduler
 from tests import factories
 from tests.conftest import assert_all_blocks_free
-from tests.factories import FakeKVCache, check_block_manager, fake_step, make_request, run_to_completion
+from tests.factories import (
+    FakeKVCache,
+    check_block_manager,
+    fake_step,
+    make_request,
+    run_to_completion,
+)
 
 BLOCK_BYTES_TINY = 8192          # random:tiny in fp32, block_size 16: 2 layers x (K, V) x 16 x 2 x 16 x 4
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -324,6 +330,42 @@ def test_write_behind_under_aborts_preemptions_and_failed_steps(seed):
     for t in stats.tiers:
         assert 0 <= t.num_used <= t.num_slots
     assert_tiers_hold_their_tokens(sched, requests)
+
+
+# ---- load budget -----------------------------------------------------------------------------------
+def test_load_budget_spreads_a_rounds_loads_over_steps():
+    """With a budget of 6 copies up per step, a step admits waiting hits until the next would pass
+    it (a step's first hit always goes in, however large): the round's later turns then load
+    over several steps. Same hits and prefill as without the budget; every read checked."""
+    runs = {}
+    for load_budget in (None, 600):
+        sched = tiered_scheduler(24, host=200, budget=256)
+        sched.block_manager.tiers.load_budget_bytes = load_budget
+        steps, seen, plain = [], set(), sched.schedule
+
+        def schedule(plain=plain, steps=steps, seen=seen):
+            out = plain()
+            new = [it.request.request_id for it in out.scheduled if it.request.request_id not in seen]
+            seen.update(new)
+            steps.append((sum(1 for t in out.kv_transfers if t.op is TransferOp.HOST_TO_DEVICE), len(new)))
+            return out
+        sched.schedule = schedule
+        computed = chat_turns(sched, 6, 4)
+        runs[load_budget] = (steps, computed, sched.block_manager.tier_stats().tier("host").hit_blocks)
+    (plain_steps, plain_computed, plain_hits), (steps, computed, hits) = runs[None], runs[600]
+    assert max(n for n, _ in plain_steps) > 6
+    assert all(n <= 6 or admitted == 1 for n, admitted in steps), steps
+    assert sum(1 for n, _ in steps if n) > sum(1 for n, _ in plain_steps if n)
+    assert (computed, hits) == (plain_computed, plain_hits)
+
+
+def test_load_budget_engine_outputs_identical(without_tiers):
+    llm = _tiny(swap_space=200 * BLOCK_BYTES_TINY / 2**30)
+    llm.engine.block_manager.tiers.load_budget_bytes = 4 * BLOCK_BYTES_TINY
+    replies, computed = _multi_turn(llm)
+    assert replies == without_tiers[0]
+    assert computed < 0.5 * without_tiers[1]
+    assert_all_blocks_free(llm)
 
 
 # ---- config --------------------------------------------------------------------------------------
