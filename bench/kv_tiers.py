@@ -8,6 +8,9 @@ pool holds the active sessions but not all of them: without the tier, a session'
 are evicted (LRU) before its next turn and are recomputed; with it they wait in host memory and
 are copied back. Reported per configuration: TTFT of turn 1 and of the
 later turns (mean / P50), prefill tokens computed, wall time, tier counters; and the ratios.
+The host tier writes cached blocks behind (inference/kv_tiers.py) unless `--write-behind-mib 0`,
+and on CUDA bounds a step's copies up (load budget; `--load-budget-mib 0`: unbounded);
+`--compare-write-behind` / `--compare-load-budget` add a run with that one off.
 
     python3 bench/kv_tiers.py                                    # CPU, reduced workload
     python3 bench/kv_tiers.py --device cuda --model random:llama-3-8b --sessions 50 --turns 10 \\
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cpu_engine import git_commit  # noqa: E402
 
 from inference import SamplingParams  # noqa: E402
+from inference.kv_tiers import LOAD_BYTES_PER_STEP, WRITE_BEHIND_BYTES_PER_STEP  # noqa: E402
 from inference.llm import LLM  # noqa: E402
 from inference.loader.presets import preset_config  # noqa: E402
 
@@ -72,13 +76,19 @@ def run_chat(llm: LLM, args, seed: int) -> dict:
     # where the time goes: per step, its transfers (blocks) and host seconds in engine.step();
     # host seconds inside the runner's apply_kv_transfers; device seconds of the staged copies
     runner, store = engine.runner, getattr(engine.runner, "kv_tier_store", None)
-    step_transfers: list[int] = []
+    step_transfers: list[int] = []                    # per launched step: copies its forward waits for
+    counts = {"write_behind": 0, "offloads_on_evict": 0, "loads": 0, "disk": 0}
     apply_host = [0.0]
     if store is not None:
+        from inference.kv_tiers import TransferOp
         plain_apply = runner.apply_kv_transfers
 
         def timed_apply(sched):
-            step_transfers.append(len(sched.kv_transfers))
+            step_transfers.append(sum(1 for t in sched.kv_transfers if not t.behind))
+            for t in sched.kv_transfers:
+                key = ("write_behind" if t.behind else "offloads_on_evict" if t.op is TransferOp.DEVICE_TO_HOST
+                       else "loads" if t.op is TransferOp.HOST_TO_DEVICE else "disk")
+                counts[key] += 1
             t = time.perf_counter()
             plain_apply(sched)
             apply_host[0] += time.perf_counter() - t
@@ -145,21 +155,28 @@ def run_chat(llm: LLM, args, seed: int) -> dict:
         "step_ms_mean_with_transfers": 1e3 * statistics.mean(with_t) if with_t else None,
         "step_ms_mean_without_transfers": 1e3 * statistics.mean(without_t) if without_t else None,
         "transfers": sum(step_transfers),
+        **counts,
         "apply_host_s": apply_host[0],
     }
     if store is not None and getattr(store, "copy_timings", None) is not None:
         import torch
         torch.cuda.synchronize()
-        dev_s = sum(a.elapsed_time(b) for a, b, _ in store.copy_timings) / 1e3
-        moved = sum(n for _, _, n in store.copy_timings)
+        needed = [x for x in store.copy_timings if not x[3]]
+        behind = [x for x in store.copy_timings if x[3]]
+        dev_s = sum(a.elapsed_time(b) for a, b, _, _ in needed) / 1e3
+        moved = sum(n for _, _, n, _ in needed)
         out["breakdown"].update(copy_device_s=dev_s, copy_gb=moved / 1e9,
                                 copy_gbps=moved / 1e9 / dev_s if dev_s else None,
-                                copy_batches=len(store.copy_timings), writer_waits=store.num_writer_waits,
+                                copy_batches=len(needed), writer_waits=store.num_writer_waits,
+                                write_behind_device_s=sum(a.elapsed_time(b) for a, b, _, _ in behind) / 1e3,
+                                write_behind_gb=sum(n for _, _, n, _ in behind) / 1e9,
+                                write_behind_batches=len(behind),
                                 copy_kernels="triton" if store.kernels is not None else "torch")
         store.copy_timings = None
     if after.kv_tiers is not None:
         out["tiers"] = {t.tier: {"slots": t.num_slots, "used": t.num_used, "hit_blocks": t.hit_blocks,
-                                 "bytes_in": t.bytes_in, "bytes_out": t.bytes_out, "evictions": t.num_evictions}
+                                 "bytes_in": t.bytes_in, "bytes_out": t.bytes_out,
+                                 "bytes_written_behind": t.bytes_written_behind, "evictions": t.num_evictions}
                         for t in after.kv_tiers.tiers}
     out["_replies"] = replies
     return out
@@ -267,6 +284,27 @@ def copy_bench(args) -> dict:
                         out["results"].append(row)
                         print(f"  {store_name:4} {host_name:10} {n:5} {slot_kind:11} {row['op']:10} "
                               f"{row['ms']:8.2f} ms (host {row['host_ms']:6.2f}) {row['gbps']:6.1f} GB/s", flush=True)
+    # write-behind beside compute: a decode-length chain of matmuls on the compute stream, alone
+    # and with one step's write-behind budget of offloads queued on the side stream first
+    new.host = registered
+    wb_blocks = max(1, WRITE_BEHIND_BYTES_PER_STEP // bpb)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    for label, with_wb in (("alone", False), ("with_write_behind", True), ("alone_again", False)):
+        ts = []
+        for _ in range(8):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            if with_wb:
+                tr = [KVTransfer(T.DEVICE_TO_HOST, b, s, behind=True)
+                      for s, b in enumerate(rng.sample(range(num), wb_blocks))]
+                new.apply(SchedulerOutput(kv_transfers=tr))
+            else:
+                new.apply(SchedulerOutput())
+            for _ in range(4):
+                a @ a
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+        out[f"write_behind_{wb_blocks}_blocks_compute_{label}_ms"] = 1e3 * statistics.median(ts[1:])
     for k, v in out.items():
         if k != "results":
             print(f"  {k}: {v}")
@@ -282,11 +320,18 @@ def warm_up(llm: LLM, args) -> None:
     llm.engine.block_manager.reset_prefix_cache()
 
 
-def build(args, swap_space: float) -> LLM:
-    return LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-               block_size=args.block_size, kv_cache_memory_bytes=args.kv_blocks * args.block_bytes,
-               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-               swap_space=swap_space)
+def build(args, swap_space: float, write_behind_mib: float | None = None,
+          load_budget_mib: float | None = None) -> LLM:
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+              block_size=args.block_size, kv_cache_memory_bytes=args.kv_blocks * args.block_bytes,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+              swap_space=swap_space)
+    tiers = llm.engine.block_manager.tiers
+    if tiers is not None and write_behind_mib is not None:
+        tiers.write_behind_bytes = int(write_behind_mib * 2**20)
+    if tiers is not None and load_budget_mib is not None:
+        tiers.load_budget_bytes = int(load_budget_mib * 2**20) or None
+    return llm
 
 
 def main() -> None:
@@ -309,6 +354,14 @@ def main() -> None:
     p.add_argument("--swap-space", type=float, default=None, help="host tier GiB (default: every session fits)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default 512 on cpu, 4096 on cuda")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--write-behind-mib", type=float, default=None,
+                   help="write-behind budget per step in MiB (default: the engine's; 0: off)")
+    p.add_argument("--compare-write-behind", action="store_true",
+                   help="also run the host tier with write-behind off")
+    p.add_argument("--load-budget-mib", type=float, default=None,
+                   help="copies up per step in MiB (default: the engine's, 256 on CUDA, none on CPU; 0: none)")
+    p.add_argument("--compare-load-budget", action="store_true",
+                   help="also run the host tier without a load budget")
     p.add_argument("--out", default=None)
     p.add_argument("--copy-bench", action="store_true", help="time the store's device <-> host copies only (CUDA)")
     args = p.parse_args()
@@ -344,9 +397,20 @@ def main() -> None:
         return
 
     results = {}
-    for name, swap_space in (("without_tier", 0.0), ("host_tier", swap)):
+    wb, lb = args.write_behind_mib, args.load_budget_mib
+    configs = [("without_tier", 0.0, None, None), ("host_tier", swap, wb, lb)]
+    if args.compare_write_behind:
+        configs.append(("host_tier_no_write_behind", swap, 0.0, lb))
+    if args.compare_load_budget:
+        configs.append(("host_tier_no_load_budget", swap, wb, 0.0))
+    for name, swap_space, write_behind_mib, load_budget_mib in configs:
         t = time.perf_counter()
-        llm = build(args, swap_space)
+        llm = build(args, swap_space, write_behind_mib, load_budget_mib)
+        tiers = llm.engine.block_manager.tiers
+        if tiers is not None:
+            print(f"  {name}: write-behind {tiers.write_behind_bytes / 2**20:g} MiB/step, load budget "
+                  f"{'none' if tiers.load_budget_bytes is None else f'{tiers.load_budget_bytes / 2**20:g} MiB/step'}",
+                  flush=True)
         warm_up(llm, args)
         print(f"  {name}: engine ready in {time.perf_counter() - t:.1f} s", flush=True)
         results[name] = run_chat(llm, args, seed=1)
@@ -358,27 +422,40 @@ def main() -> None:
         if cuda:
             import torch
             torch.cuda.empty_cache()
-    same = results["without_tier"].pop("_replies") == results["host_tier"].pop("_replies")
+    replies = {name: r.pop("_replies") for name, r in results.items()}
+    same = replies["without_tier"] == replies["host_tier"]
     off, on = results["without_tier"], results["host_tier"]
-    ratios = {
-        "later_ttft_mean": on["later_ttft_mean_ms"] / off["later_ttft_mean_ms"],
-        "later_ttft_p50": on["later_ttft_p50_ms"] / off["later_ttft_p50_ms"],
-        "prefill_tokens": on["prefill_tokens_computed"] / off["prefill_tokens_computed"],
-        "wall": on["wall_s"] / off["wall_s"],
-    }
-    print(f"\n{'':14} {'turn-1 TTFT':>12} {'later mean':>11} {'later P50':>10} {'prefill tok':>12} {'wall s':>7}")
+
+    def ratios_of(on):
+        return {
+            "later_ttft_mean": on["later_ttft_mean_ms"] / off["later_ttft_mean_ms"],
+            "later_ttft_p50": on["later_ttft_p50_ms"] / off["later_ttft_p50_ms"],
+            "prefill_tokens": on["prefill_tokens_computed"] / off["prefill_tokens_computed"],
+            "wall": on["wall_s"] / off["wall_s"],
+        }
+    ratios = ratios_of(on)
+    for name in ("host_tier_no_write_behind", "host_tier_no_load_budget"):
+        if name in results:
+            ratios[name.removeprefix("host_tier_")] = ratios_of(results[name])
+    print(f"\n{'':26} {'turn-1 TTFT':>12} {'later mean':>11} {'later P50':>10} {'prefill tok':>12} {'wall s':>7}")
     for name, r in results.items():
-        print(f"{name:14} {r['turn1_ttft_mean_ms']:10.1f}ms {r['later_ttft_mean_ms']:9.1f}ms "
+        print(f"{name:26} {r['turn1_ttft_mean_ms']:10.1f}ms {r['later_ttft_mean_ms']:9.1f}ms "
               f"{r['later_ttft_p50_ms']:8.1f}ms {r['prefill_tokens_computed']:12d} {r['wall_s']:7.1f}")
-    print(f"{'ratio on/off':14} {'':>12} {ratios['later_ttft_mean']:11.3f} {ratios['later_ttft_p50']:10.3f} "
-          f"{ratios['prefill_tokens']:12.3f} {ratios['wall']:7.3f}")
+    for label, rs in (("ratio on/off", ratios), ("  without write-behind", ratios.get("no_write_behind")),
+                      ("  without load budget", ratios.get("no_load_budget"))):
+        if rs is not None:
+            print(f"{label:26} {'':>12} {rs['later_ttft_mean']:11.3f} {rs['later_ttft_p50']:10.3f} "
+                  f"{rs['prefill_tokens']:12.3f} {rs['wall']:7.3f}")
     for name, r in results.items():
         b = r["breakdown"]
-        print(f"{name:14} later queue {b['later_queue_mean_ms'] or 0:.1f} ms; steps {r['steps']} ({b['step_ms_mean']:.2f} ms), "
-              f"with transfers {b['steps_with_transfers']} ({b['step_ms_mean_with_transfers'] or 0:.2f} ms); "
+        print(f"{name:26} later queue {b['later_queue_mean_ms'] or 0:.1f} ms; steps {r['steps']} ({b['step_ms_mean']:.2f} ms), "
+              f"with transfers waited for {b['steps_with_transfers']} ({b['step_ms_mean_with_transfers'] or 0:.2f} ms); "
               f"apply host {b['apply_host_s']:.2f} s" +
+              (f"; loads {b['loads']}, offloads on eviction {b['offloads_on_evict']}, written behind "
+               f"{b['write_behind']}" if "loads" in b else "") +
               (f"; copies {b['copy_gb']:.1f} GB in {b['copy_device_s']:.2f} s device = {b['copy_gbps']:.1f} GB/s, "
-               f"{b['writer_waits']} writer waits ({b['copy_kernels']})" if "copy_gb" in b else ""))
+               f"{b['writer_waits']} writer waits ({b['copy_kernels']}); write-behind {b['write_behind_gb']:.1f} GB "
+               f"in {b['write_behind_device_s']:.2f} s device" if "copy_gb" in b else ""))
     met = ratios["later_ttft_mean"] <= TARGET_LATER_TTFT_RATIO
     print(f"target later-turn TTFT <= {TARGET_LATER_TTFT_RATIO}x: {'met' if met else 'NOT met'}; "
           f"replies identical: {same}")
@@ -389,6 +466,11 @@ def main() -> None:
                                                    "reply_tokens", "block_size", "kv_blocks",
                                                    "max_num_batched_tokens", "max_num_seqs")},
         "swap_space_gib": swap, "results": results, "ratios": ratios, "replies_identical": same,
+        "write_behind_mib_per_step": (args.write_behind_mib if args.write_behind_mib is not None
+                                      else WRITE_BEHIND_BYTES_PER_STEP / 2**20),
+        "load_budget_mib_per_step": (args.load_budget_mib if args.load_budget_mib is not None
+                                     else LOAD_BYTES_PER_STEP / 2**20 if cuda else None),
+        "replies_identical_by_config": {name: r == replies["without_tier"] for name, r in replies.items()},
         "target": {"later_ttft_ratio": TARGET_LATER_TTFT_RATIO, "met": met},
     }
     if cuda:
