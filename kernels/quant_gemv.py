@@ -20,7 +20,7 @@ cuBLAS on every 7B shape at M=1 (bench/NOTES.md run 22: 104.6 vs 119 us per laye
 How codes become numbers (CONVERT, `quant_gemv(..., convert=)`; the int8 / int4 GEMVs are bound
 by instructions, not bytes: bench/NOTES.md runs 16-19):
 
-    0  u8 -> fp32 per code (I2F, 16 a clock per SM on Hopper), fp32 FMA with x        (default)
+    0  u8 -> fp32 per code (I2F, 16 a clock per SM on Hopper), fp32 FMA with x
     1  fp16 magic: PRMT (int8) / LOP3 (int4) puts codes into the mantissa of fp16 1024 (0x6400),
        two a register, SUB.F16X2 / FMA.F16X2 makes them exact codes, fp16 -> fp32 (HADD2.F32,
        full rate), fp32 FMA: same numbers as 0
@@ -31,7 +31,8 @@ by instructions, not bytes: bench/NOTES.md runs 16-19):
        of two per program so that a lane cannot overflow fp16 (|x| < 2^9 int4, 2^5 int8); fp16
        products: ~1e-3 relative error per 8-code chunk (the bf16 output rounds at 4e-3)
 
-1-3 are PTX (tl.inline_asm_elementwise) on the GPU; under the interpreter (CPU) the same bit
+Defaults (`choose_convert`, H200 sweep, bench/NOTES.md run 30): int8 2, int4 3 (1 where its
+words do not fit). 1-3 are PTX (tl.inline_asm_elementwise) on the GPU; under the interpreter (CPU) the same bit
 operations run as Triton integer / fp16 ops (EMULATE), so the CPU tests check the layout logic.
 """
 from __future__ import annotations
@@ -368,15 +369,38 @@ def _quant_gemv_kernel(
 
 
 def choose_gemv_tiles(n: int, k: int, bits: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps), the leaders of the H200 sweeps at M=1 (bench/NOTES.md runs
-    16 and 19): int8 the longest K slab, 8 rows x 4 warps on the 4096-row shapes, 16 x 2 on the
-    wide ones; int4 16 rows, 512-column slabs on the wide shapes and 1024 with 8 warps on the rest."""
+    """(BLOCK_N, BLOCK_K, num_warps), the leaders of the H200 sweeps at M=1 for each format's
+    default conversion (bench/NOTES.md runs 16, 19 and 30): bf16 2 rows x 1024 columns; int8
+    (CONVERT 2) 8 rows, 1024-column slabs x 4 warps on the 4096-row shapes and 512 x 2 on the
+    wide ones; int4 (CONVERT 3) 8 x 1024 x 4 up to 4096 rows, 16 x 1024 x 4 to 16k, 16 x 512 x 2
+    beyond."""
     block_k = min(1024, triton.next_power_of_2(k))
     if bits == 16:
         return (2, block_k, 4)
     if bits == 8:
-        return (8, block_k, 4) if n <= 4096 else (16, block_k, 2)
-    return (16, block_k, 8) if n <= 4096 else (16, min(512, block_k), 2 if n < 16384 else 4)
+        return (8, block_k, 4) if n <= 4096 else (8, min(512, block_k), 2)
+    if n <= 4096:
+        return (8, block_k, 4)
+    return (16, block_k, 4) if n < 16384 else (16, min(512, block_k), 2)
+
+
+def choose_convert(bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor,
+                   x_dtype: torch.dtype) -> int:
+    """The default conversion, by the H200 sweep (bench/NOTES.md run 30, M=1 on the 7B shapes):
+    int8 CONVERT 2 (1.02-1.41x the old default tiles, 1.49-1.87x bf16), int4 CONVERT 3 (1.7-3.5x,
+    1.55-2.07x bf16) where its 8-code words fit the rows, else 1 (exact, like 0, and faster).
+    fp32 activations (the exactness mode) take 1: the same numbers as 0."""
+    if bits == 16:
+        return 0
+    if x_dtype == torch.float32:
+        return 1
+    if bits == 8:
+        return 2
+    try:
+        check_convert(3, bits, k, block_k, group_tile, qweight)
+    except ValueError:
+        return 1
+    return 3
 
 
 def check_convert(convert: int, bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor) -> None:
@@ -396,13 +420,14 @@ def check_convert(convert: int, bits: int, k: int, block_k: int, group_tile: int
 
 def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
                group_len: int, tiles: tuple[int, int] | None = None, num_warps: int | None = None,
-               pdl: bool | None = None, convert: int = 0) -> torch.Tensor:
+               pdl: bool | None = None, convert: int | None = None) -> torch.Tensor:
     """x [M, K] (few rows, last dim contiguous) -> y [M, N] in x's dtype. Inputs are checked by
     quant_matmul, which dispatches here; group_len is K for per-channel scales.
 
     pdl: a programmatic dependent launch (default: where the GPU has it, kernels/triton_utils.py),
     letting the next kernel launch only after this one's loop (bench/NOTES.md runs 22-26).
-    convert: how codes become numbers (CONVERTS, the module docstring); 3 wants K % 8 == 0."""
+    convert: how codes become numbers (CONVERTS, the module docstring; default `choose_convert`);
+    3 wants K % 8 == 0."""
     m, k = x.shape
     n = qweight.shape[0]
     block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits)
@@ -412,6 +437,8 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     group_tile = block_k if per_channel else min(group_len, block_k)
     if not per_channel and (block_k % group_tile or group_len % group_tile):
         raise ValueError(f"quant_gemv: BLOCK_K {block_k} and the group length {group_len} must nest")
+    if convert is None:
+        convert = choose_convert(bits, k, block_k, group_tile, qweight, x.dtype)
     check_convert(convert, bits, k, block_k, group_tile, qweight)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (m, triton.cdiv(n, block_n))
