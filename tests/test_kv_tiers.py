@@ -576,3 +576,33 @@ def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs(kernels):
         dst = 40 + b if b < 5 else 50 + b
         got = [c[dst] for kv in caches for c in kv]
         assert all(torch.equal(g, w) for g, w in zip(got, want[b])), b
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA only")
+def test_cuda_write_behind_runs_beside_compute_and_before_the_next_step_overwrites():
+    """Write-behind copies (behind=True) are not waited for by their own step's compute, but the
+    next step's compute waits for them before it may overwrite the blocks they read."""
+    import torch
+
+    from inference.kv_tier_store import KVTierStore, TierSizes
+    from inference.scheduler import SchedulerOutput
+    dev = torch.device("cuda")
+    caches = [tuple(torch.randn(64, 16, 2, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
+              for _ in range(3)]
+    store = KVTierStore(caches, TierSizes(40, 0, 2 * 3 * 16 * 2 * 64 * 2))
+    want = {b: [c[b].clone() for kv in caches for c in kv] for b in range(10)}
+    busy = torch.randn(4096, 4096, device=dev)
+    for _ in range(3):
+        busy = busy @ busy / 64                    # compute in flight on the default stream
+    T = TransferOp
+    store.apply(SchedulerOutput(kv_transfers=[KVTransfer(T.DEVICE_TO_HOST, b, 30 - b, behind=True)
+                                              for b in range(10)]))
+    assert store.behind_done is not None
+    store.apply(SchedulerOutput())                 # the next step: its compute waits for them
+    for kv in caches:
+        for c in kv:
+            c[:10] = 0
+    store.apply(SchedulerOutput(kv_transfers=[KVTransfer(T.HOST_TO_DEVICE, 30 - b, 40 + b) for b in range(10)]))
+    torch.cuda.synchronize()
+    for b in range(10):
+        assert all(torch.equal(c[40 + b], w) for c, w in zip((c for kv in caches for c in kv), want[b])), b
