@@ -277,7 +277,10 @@ def _slab(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_s
     if BITS == 16:
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)                     # [BLOCK_K]
-        res = tl.sum(codes.to(tl.float32) * x[None, :], 1)
+        w = codes
+        if w.dtype == tl.float8e4nv:             # e4m3 -> fp16: one packed cvt per two values
+            w = w.to(tl.float16)
+        res = tl.sum(w.to(tl.float32) * x[None, :], 1)
     else:
         res = _group_sums(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_sn, x_scale,
                           BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE)
@@ -335,6 +338,7 @@ def _quant_gemv_kernel(
     CONVERT: tl.constexpr,      # how codes become numbers (module docstring); 0 for BITS=16
     EMULATE: tl.constexpr,      # interpreter: CONVERT 1-3's PTX as Triton ops
     PDL: tl.constexpr,          # launched as a programmatic dependent launch (kernels/triton_utils.py)
+    FP8: tl.constexpr,          # BITS 16 with e4m3 codes (passed as bytes), the sums times S[n]
 ):
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -360,10 +364,14 @@ def _quant_gemv_kernel(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         codes = _load_codes(q_rows, w_rows, k0, K, n_mask, BITS, BLOCK_K, CONVERT)
+        if FP8:
+            codes = codes.to(tl.float8e4nv, bitcast=True)
         acc += _slab(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_sn, x_scale,
                      BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE)
     if CONVERT == 3:
         acc = acc * x_unscale
+    if FP8:
+        acc = acc * tl.load(S + rn, mask=n_mask, other=0.0)
     grid_dependency_launch(PDL)        # late: the next kernel's programs only overlap this one's tail
     tl.store(OUT + m * stride_om + rn, acc.to(OUT.dtype.element_ty), mask=n_mask)
 
@@ -420,12 +428,13 @@ def check_convert(convert: int, bits: int, k: int, block_k: int, group_tile: int
 
 def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
                group_len: int, tiles: tuple[int, int] | None = None, num_warps: int | None = None,
-               pdl: bool | None = None, convert: int | None = None) -> torch.Tensor:
+               pdl: bool | None = None, convert: int | None = None, fp8: bool = False) -> torch.Tensor:
     """x [M, K] (few rows, last dim contiguous) -> y [M, N] in x's dtype. Inputs are checked by
     quant_matmul, which dispatches here; group_len is K for per-channel scales.
 
     pdl: a programmatic dependent launch (default: where the GPU has it, kernels/triton_utils.py),
     letting the next kernel launch only after this one's loop (bench/NOTES.md runs 22-26).
+    fp8: BITS 16 with e4m3 codes (qweight as uint8 bytes) and one fp32 scale a row in `scales` (`gemv_fp8`).
     convert: how codes become numbers (CONVERTS, the module docstring; default `choose_convert`);
     3 wants K % 8 == 0."""
     m, k = x.shape
@@ -447,7 +456,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         x, qweight, scales, zeros, out, n, k, group_len, scales.shape[1],
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_TILE=group_tile,
-        CONVERT=convert, EMULATE=x.device.type != "cuda", PDL=pdl,
+        CONVERT=convert, EMULATE=x.device.type != "cuda", PDL=pdl, FP8=fp8,
         num_warps=num_warps or default_warps, **pdl_options(pdl))
     return out
 
@@ -463,3 +472,22 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int] | None = 
     if weight.shape[1] != k or weight.dtype != x.dtype or weight.device != x.device:
         raise ValueError(f"gemv: weight {tuple(weight.shape)} {weight.dtype} does not take x {tuple(x.shape)} {x.dtype}")
     return quant_gemv(x, weight, weight, weight, 16, k, tiles=tiles, num_warps=num_warps, pdl=pdl)
+
+
+def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: tuple[int, int] | None = None,
+             num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 / fp16) times an e4m3 weight [N, K] with one fp32 scale per output row
+    (`scale`: N contiguous values, e.g. [1, N] or [N, 1]) -> y [M, N] in x's dtype. Weight-only
+    FP8 for decode: at one row cuBLASLt's FP8 GEMM pads to a 128-row tile and the activation must
+    be quantized first (two kernels, 27 + 6 us on the 7B's gate_up, bench/NOTES.md run 31); this
+    streams the e4m3 codes once, with x unquantized."""
+    if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(f"gemv_fp8: want x [M, K] with a contiguous last dim and a contiguous weight [N, K], "
+                         f"got {tuple(x.shape)} / {tuple(weight.shape)}")
+    n, k = weight.shape
+    if (weight.dtype != torch.float8_e4m3fn or x.dtype not in (torch.bfloat16, torch.float16)
+            or x.shape[1] != k or scale.numel() != n or scale.dtype != torch.float32 or not scale.is_contiguous()):
+        raise ValueError(f"gemv_fp8: want x [M, {k}] bf16/fp16, an e4m3 weight [N, K] and {n} contiguous fp32 scales; "
+                         f"got x {tuple(x.shape)} {x.dtype}, weight {weight.dtype}, scale {tuple(scale.shape)} {scale.dtype}")
+    return quant_gemv(x, weight.view(torch.uint8), scale.view(n, 1), scale, 16, k, tiles=tiles,
+                      num_warps=num_warps, pdl=pdl, fp8=True)

@@ -6,7 +6,9 @@ forward scales every input row (token) by its own max |x| into e4m3 and multipli
 
     y[m, n] = x_scale[m] * w_scale[n] * sum_k x8[m, k] * w8[n, k]
 
-That is what Hopper's FP8 tensor cores do natively (twice bf16's rate). GPUs before compute
+That is what Hopper's FP8 tensor cores do natively (twice bf16's rate). Decode rows (up to
+GEMV_MAX_ROWS) take a weight-only FP8 GEMV instead (kernels/quant_gemv.py `gemv_fp8`: x stays
+16-bit, so those rows are slightly more exact than the tensor-core path). GPUs before compute
 capability 8.9 have no FP8 matmul: asking for fp8 there is an error before any weight is
 touched. On the CPU the same arithmetic runs in fp32 (for quality).
 """
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from kernels.fp8_quant import per_token_fp8, per_token_fp8_reference
+from kernels.quant_gemv import GEMV_MAX_ROWS, gemv_fp8
 
 
 def check_fp8_supported(device: torch.device, capability: tuple[int, int] | None = None) -> None:
@@ -41,7 +44,10 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         m = rows.shape[0]
-        if rows.is_cuda:
+        if rows.is_cuda and m <= GEMV_MAX_ROWS and rows.dtype != torch.float32:
+            # decode: weight-only FP8 GEMV (x stays 16-bit; streams the codes once)
+            y = gemv_fp8(rows, self.weight_fp8, self.weight_scale)
+        elif rows.is_cuda:
             # one Triton kernel: per-token scales, e4m3 codes, rows zero-padded to the multiple
             # of 16 that cuBLASLt's FP8 GEMM wants
             x8, x_scale = per_token_fp8(rows.contiguous())                  # [M_pad, K], [M_pad, 1]

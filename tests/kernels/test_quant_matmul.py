@@ -10,7 +10,7 @@ import torch
 
 from inference.quantization.config import QuantConfig
 from inference.quantization.int_quant import pack_int4, quantize_rtn
-from kernels.quant_gemv import GEMV_MAX_ROWS, gemv, quant_gemv
+from kernels.quant_gemv import GEMV_MAX_ROWS, gemv, gemv_fp8, quant_gemv
 from kernels.quant_matmul import choose_tiles, quant_matmul, quant_matmul_reference
 
 CUDA = torch.cuda.is_available()
@@ -144,6 +144,47 @@ def test_plain_gemv(m, n, k, tiles, dtype):
     ref = (x.float() @ w.float().t()).to(dtype)
     assert out.shape == (m, n) and not out.isnan().any()
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[dtype]
+
+
+def fp8_case(m: int, n: int, k: int, seed: int, pdl: bool | None = None, tiles=None) -> float:
+    """gemv_fp8 against x @ (e4m3 weight x its row scales)^T in fp32; the relative error."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    w = torch.randn(n, k, generator=gen, device=DEVICE) * 0.05
+    scale = (w.abs().amax(1) / 448).float()                             # [N], as Fp8Linear
+    # e4m3 values exactly (the interpreter's fp32 -> fp8 cast misrounds: go through uint8 codes)
+    w8 = (w / scale[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn) if CUDA else \
+        torch.randint(0, 256, (n, k), generator=gen, device=DEVICE, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    if not CUDA:
+        w8 = w8.float().nan_to_num(0.0).clamp(-448, 448).to(torch.float8_e4m3fn)   # grid values: exact
+    x = torch.randn(m, k, generator=gen, device=DEVICE).bfloat16()
+    out = gemv_fp8(x, w8, scale.view(1, n), pdl=pdl, tiles=tiles)
+    ref = x.float() @ (w8.float() * scale[:, None]).t()
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16 and not out.isnan().any()
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("m,n,k,tiles", [(1, 40, 128, (4, 64)), (2, 24, 200, (8, 64)), (1, 8, 96, None)])
+def test_fp8_gemv(m, n, k, tiles):
+    assert fp8_case(m, n, k, seed=m + n + k, tiles=tiles) < TOL[torch.bfloat16]
+
+
+def test_fp8_gemv_bad_inputs():
+    w8 = torch.zeros(8, 64, device=DEVICE).to(torch.float8_e4m3fn)
+    x = torch.zeros(1, 64, device=DEVICE, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="e4m3 weight"):
+        gemv_fp8(x, w8.float(), torch.ones(8, device=DEVICE))            # not an fp8 weight
+    with pytest.raises(ValueError, match="fp32 scales"):
+        gemv_fp8(x, w8, torch.ones(4, device=DEVICE))                    # a scale per row
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        gemv_fp8(x.float(), w8, torch.ones(8, device=DEVICE))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008), (32000, 4096)])
+def test_fp8_gemv_real_shapes(n, k):
+    for pdl in (False, True):
+        assert fp8_case(1, n, k, seed=n + k, pdl=pdl) < TOL[torch.bfloat16]
 
 
 def test_gemv_bad_inputs():
