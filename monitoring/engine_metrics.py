@@ -109,7 +109,8 @@ class _ExpertLoadCollector:
 
 class _TierMetrics:
     """The host / disk KV tiers (inference/kv_tiers.py): per tier usage, prefix-hit tokens found
-    there, bytes copied in (from the tier above) and out (back up), entries evicted."""
+    there, bytes copied in (from the tier above) and out (back up), of the bytes in those written
+    behind (ahead of the eviction), entries evicted."""
 
     def __init__(self, registry: CollectorRegistry, prefix: str, model_name: str):
         self.model_name, labels = model_name, ["model_name", "tier"]
@@ -121,6 +122,9 @@ class _TierMetrics:
                              [*labels, "direction"], registry=registry)
         self.evictions = Counter(f"{prefix}:kv_tier_evictions", "Blocks a full KV tier dropped or moved down.",
                                  labels, registry=registry)
+        self.written_behind = Counter(f"{prefix}:kv_tier_write_behind_bytes",
+                                      "Of the bytes copied into a KV tier, those copied ahead of the device "
+                                      "block's eviction (write-behind).", labels, registry=registry)
 
     def observe(self, stats, advance) -> None:
         m = self.model_name
@@ -130,6 +134,7 @@ class _TierMetrics:
             advance(f"kv_tier_bytes_in:{t.tier}", t.bytes_in, self.bytes.labels(m, t.tier, "in"))
             advance(f"kv_tier_bytes_out:{t.tier}", t.bytes_out, self.bytes.labels(m, t.tier, "out"))
             advance(f"kv_tier_evictions:{t.tier}", t.num_evictions, self.evictions.labels(m, t.tier))
+            advance(f"kv_tier_write_behind:{t.tier}", t.bytes_written_behind, self.written_behind.labels(m, t.tier))
 
 
 class EngineMetrics:

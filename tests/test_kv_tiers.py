@@ -505,6 +505,9 @@ def test_tier_metrics_are_exported():
     assert f'inference:kv_tier_hits_total{{model_name="m",tier="host"}} {float(host.hit_tokens)}' in text
     assert f'inference:kv_tier_bytes_total{{direction="in",model_name="m",tier="host"}} {float(host.bytes_in)}' in text
     assert 'inference:kv_tier_usage{model_name="m",tier="host"}' in text
+    assert host.bytes_written_behind > 0                 # finished turns are copied down before eviction
+    assert (f'inference:kv_tier_write_behind_bytes_total{{model_name="m",tier="host"}} '
+            f'{float(host.bytes_written_behind)}') in text
 
 
 def test_transfer_batches_keep_the_recorded_order_s_result():
