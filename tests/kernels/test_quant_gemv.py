@@ -1,6 +1,6 @@
 """The decode GEMV's code conversions (kernels/quant_gemv.py, CONVERT 1-3).
 
-The PTX strings cannot run on the CPU, so they run here through a small model of the PTX they use
+The PTX strings (kernels/gemv_codes.py) cannot run on the CPU, so they run here through a small model of the PTX they use
 (prmt, lop3, shr, mov, f16x2 sub / mul / fma, cvt, add): the same strings the kernel hands to
 tl.inline_asm_elementwise, fed words packed the way Triton packs them (element j of a pack in byte
 j, little-endian), checked against the codes' column order (int8: byte j = column j; int4: byte b
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels import gemv_codes as gc
 from kernels import quant_gemv as qg
 from tests.kernels.test_quant_matmul import CUDA, DEVICE, TOL, run_case
 
@@ -136,7 +137,7 @@ def test_ptx_int8_codes_keep_byte_order(convert):
     gen = torch.Generator().manual_seed(convert)
     q = torch.randint(0, 256, (512, 4), generator=gen, dtype=torch.uint8)
     q[0] = torch.tensor([0, 255, 1, 128], dtype=torch.uint8)
-    outs = run_ptx(qg.ASM_U8[convert], [pack_bytes(q)], 4)          # pack 4: element j = byte j
+    outs = run_ptx(gc.ASM_U8[convert], [pack_bytes(q)], 4)          # pack 4: element j = byte j
     got = torch.stack([as_f32(o) for o in outs], -1)
     want = q.float() + (1024 if convert == 2 else 0)
     assert torch.equal(got, want)
@@ -148,7 +149,7 @@ def test_ptx_int4_codes_even_low_odd_high(convert):
     nib = torch.randint(0, 16, (512, 8), generator=gen, dtype=torch.uint8)    # columns 0..7 of 4 bytes
     nib[0] = torch.tensor([0, 15, 15, 0, 1, 2, 14, 13], dtype=torch.uint8)
     byte = nib[:, 0::2] | (nib[:, 1::2] << 4)                                  # inference/quantization pack_int4
-    outs = [as_f32(o) for o in run_ptx(qg.ASM_U4[convert], [pack_bytes(byte)], 8)]
+    outs = [as_f32(o) for o in run_ptx(gc.ASM_U4[convert], [pack_bytes(byte)], 8)]
     lo, hi = torch.stack(outs[:4], -1), torch.stack(outs[4:], -1)             # results 0 / 1, element j = byte j
     if convert == 1:
         assert torch.equal(lo, nib[:, 0::2].float()) and torch.equal(hi, nib[:, 1::2].float())
@@ -158,18 +159,18 @@ def test_ptx_int4_codes_even_low_odd_high(convert):
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_ptx_hfma2_pairs_match_columns(bits):
-    """An 8-column chunk of one row: word of codes + x pairs per qg.PAIRS -> the chunk's dot."""
+    """An 8-column chunk of one row: word of codes + x pairs per gc.PAIRS -> the chunk's dot."""
     gen = torch.Generator().manual_seed(bits)
     n = 2048
     q = torch.randint(0, 2 ** bits, (n, 8), generator=gen, dtype=torch.uint8)  # columns 0..7
-    scale_log2 = qg.HFMA2_X_MAX_LOG2[bits]
+    scale_log2 = gc.HFMA2_X_MAX_LOG2[bits]
     x = (torch.rand(n, 8, generator=gen) * 2 - 1) * 2.0 ** scale_log2          # |x'| < 2^E, as the kernel scales
     x[0] = 2.0 ** scale_log2 * 0.999                                           # the largest products
     q[0] = 2 ** bits - 1
     x16 = x.half().double()                                                    # what the pairs hold
     word = pack_bytes(q if bits == 8 else q[:, 0::2] | (q[:, 1::2] << 4))
-    pairs = [pack_halves(x16[:, a], x16[:, b]) for a, b in qg.PAIRS[bits]]
-    (out,) = run_ptx(qg.ASM_HFMA2[bits], [word] + pairs, 1)
+    pairs = [pack_halves(x16[:, a], x16[:, b]) for a, b in gc.PAIRS[bits]]
+    (out,) = run_ptx(gc.ASM_HFMA2[bits], [word] + pairs, 1)
     got = as_f32(out).double()
     want = (q.double() * x16).sum(1)
     assert torch.isfinite(got).all()
@@ -181,9 +182,9 @@ def test_ptx_model_itself():
     a = torch.tensor([0x11223344], dtype=torch.int64)
     assert prmt(a, torch.tensor([0x55667788]), 0x4140).item() == 0x88338844   # bytes [a0, b0, a1, b0]
     assert lop3(a, torch.tensor([0x0F0F0F0F]), torch.tensor([0x80000000]), 0xEA).item() == (0x11223344 & 0x0F0F0F0F) | 0x80000000
-    assert f16_of(torch.tensor([qg.F16_1024 | 7])).item() == 1031.0
-    assert halves(torch.tensor([qg.F16X2_SIXTEENTH]))[0].item() == 1 / 16
-    assert halves(torch.tensor([qg.F16X2_NEG_64]))[1].item() == -64.0
+    assert f16_of(torch.tensor([gc.F16_1024 | 7])).item() == 1031.0
+    assert halves(torch.tensor([gc.F16X2_SIXTEENTH]))[0].item() == 1 / 16
+    assert halves(torch.tensor([gc.F16X2_NEG_64]))[1].item() == -64.0
 
 
 # ---- the kernel's variants under the interpreter (EMULATE) or on the GPU ----------------------
