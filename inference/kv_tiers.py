@@ -187,7 +187,12 @@ class KVTierIndex:
 
     # ---- device frees and evictions ----------------------------------------------------------
     def on_device_cached(self, block_hash: bytes, block_id: int) -> None:
-        """A running request's block now caches `block_hash` (this step writes its KV)."""
+        """A running request's block now caches `block_hash` (this step writes its KV). An
+        older queue entry for the block is dropped: its hash was forgotten without an eviction
+        (a rolled-back step, a preemption), and the same hash cached again in the same block (a
+        retried prompt) must not be copied down while this step's forward writes it."""
+        self.unwritten.pop(block_id, None)
+        self.unwritten_live.pop(block_id, None)
         if self.write_behind_bytes and block_hash not in self.host:
             self.fresh[block_id] = block_hash
 
@@ -207,8 +212,8 @@ class KVTierIndex:
         for queue, may_drop in ((self.unwritten, self.disk is None), (self.unwritten_live, False)):
             while queue and budget > 0:
                 block_id, block_hash = queue.popitem(last=False)
-                if block_hash in self.host or not holds(block_id, block_hash):
-                    continue
+                if block_hash in self.host or block_id in self.fresh or not holds(block_id, block_hash):
+                    continue                     # (fresh: written by this step, queued again below)
                 slot = self.host.free_slots.pop() if self.host.free_slots else (
                     self._host_slot() if may_drop else None)
                 if slot is None:                 # no slot to be had cheaply: later

@@ -156,8 +156,10 @@ class Scheduler:
         while (self.waiting and budget > 0 and not out.preempted_req_ids
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
-            if not bm.can_load_now(request):
+            if out.scheduled and not bm.can_load_now(request):
                 break                   # this step's copies up from the KV tiers are spent
+                # (a step with nothing else always takes it: loads recorded by a step that
+                # launched nothing still count, and must not hold every later step back)
             hit_blocks, num_hit = bm.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
             if num_new > budget and not self.config.enable_chunked_prefill:

@@ -359,6 +359,49 @@ def test_load_budget_spreads_a_rounds_loads_over_steps():
     assert (computed, hits) == (plain_computed, plain_hits)
 
 
+def test_load_budget_never_holds_back_a_step_with_nothing_else():
+    """Loads recorded by a schedule that launched nothing still count against the budget (they run
+    with the next launched step); a step with nothing else scheduled must admit the request anyway,
+    or every later step would come out empty."""
+    sched = tiered_scheduler(8, host=50, budget=64)
+    a = make_request("a", 13, max_tokens=2)
+    sched.add_request(a)
+    run_to_completion(sched)
+    b = make_request("b", [9_000 + i for i in range(28)], max_tokens=2)
+    sched.add_request(b)
+    run_to_completion(sched)                             # b's blocks evict a's: a is in the host tier only
+    tiers = sched.block_manager.tiers
+    assert all(tiers.contains(h) for h in a.block_hashes[:3])
+    tiers.load_budget_bytes = 100                        # one block a step
+    tiers.num_pending_loads = 5                          # carried over from a step that launched nothing
+    a2 = make_request("a2", list(a.prompt_token_ids), max_tokens=2)
+    sched.add_request(a2)
+    out, _ = fake_step(sched)
+    assert [it.request.request_id for it in out.scheduled] == ["a2"]
+    assert any(t.op is TransferOp.HOST_TO_DEVICE for t in out.kv_transfers)
+    run_to_completion(sched)
+    assert_tiers_hold_their_tokens(sched, [a, b, a2])
+
+
+def test_retried_prompt_is_not_written_behind_while_its_step_writes_it():
+    """A step fails and its request is aborted: its blocks' hashes are forgotten without an
+    eviction, while their write-behind entries are still queued. A retry of the same prompt gets
+    the same blocks and caches the same hashes again; the step that writes them must not carry a
+    write-behind copy of them (it would copy them down before / while its forward fills them)."""
+    sched = tiered_scheduler(16, host=50)
+    a = make_request("a", 13, max_tokens=2)
+    sched.add_request(a)
+    sched.rollback(sched.schedule())                     # the step fails ...
+    sched.finish_request("a", factories.RequestStatus.FINISHED_ABORTED)   # ... and is aborted
+    a2 = make_request("a2", list(a.prompt_token_ids), max_tokens=2)       # the client retries
+    sched.add_request(a2)
+    out, _ = fake_step(sched)
+    written = set(sched.block_manager.block_table("a2"))
+    assert not [t for t in out.kv_transfers if t.behind and t.src in written], out.kv_transfers
+    run_to_completion(sched)
+    assert_tiers_hold_their_tokens(sched, [a, a2])
+
+
 def test_load_budget_engine_outputs_identical(without_tiers):
     llm = _tiny(swap_space=200 * BLOCK_BYTES_TINY / 2**30)
     llm.engine.block_manager.tiers.load_budget_bytes = 4 * BLOCK_BYTES_TINY
