@@ -637,14 +637,19 @@ def test_cuda_write_behind_runs_beside_compute_and_before_the_next_step_overwrit
               for _ in range(3)]
     store = KVTierStore(caches, TierSizes(40, 0, 2 * 3 * 16 * 2 * 64 * 2))
     want = {b: [c[b].clone() for kv in caches for c in kv] for b in range(10)}
-    busy = torch.randn(4096, 4096, device=dev)
-    for _ in range(3):
-        busy = busy @ busy / 64                    # compute in flight on the default stream
+    with torch.cuda.stream(store.stream):
+        torch.cuda._sleep(200_000_000)             # ~0.1 s: the copies below start after it
     T = TransferOp
     store.apply(SchedulerOutput(kv_transfers=[KVTransfer(T.DEVICE_TO_HOST, b, 30 - b, behind=True)
                                               for b in range(10)]))
     assert store.behind_done is not None
-    store.apply(SchedulerOutput())                 # the next step: its compute waits for them
+    own = torch.cuda.Event()
+    own.record()                                   # this step's compute: not held for them
+    own.synchronize()
+    assert not store.behind_done.query()           # (the side stream is still asleep)
+    store.apply(SchedulerOutput())                 # the next step: its compute waits for them,
+    # so the overwrite below cannot run before the copies read the blocks (without the wait it
+    # would: the copies are queued behind the sleep)
     for kv in caches:
         for c in kv:
             c[:10] = 0
