@@ -12,6 +12,10 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# top_k beyond the vocabulary keeps every token; the bound keeps it a 32-bit integer on the device
+MAX_TOP_K = 2**31 - 1
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -46,8 +50,8 @@ class SamplingParams:
             raise bad("temperature", "must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad("top_k", "must be -1 (off), 0 (off) or a positive integer")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not -1 <= self.top_k <= MAX_TOP_K:
+            raise bad("top_k", f"must be -1 (off), 0 (off) or a positive integer up to {MAX_TOP_K}")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must be in [0, 1]")
         if self.repetition_penalty <= 0:

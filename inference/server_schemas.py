@@ -31,7 +31,7 @@ class _Sampling(BaseModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     user: str | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, description="at most max_tokens")] | None = None

@@ -76,17 +76,19 @@ def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool =
 
 
 def _snippets(segments: dict, key: str) -> list[Snippet]:
-    items = segments.get(key) or []
-    if not isinstance(items, list):
-        raise ValueError(f"segments.{key}: must be a list of {{filepath, body}}")
+    items = segments.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list):                      # "" or 0 too: not a missing list
+        raise ValueError(f"segments.{key}: must be a list of {{filepath, body}}, got {items!r}")
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("body"), str):
             raise ValueError(f"segments.{key}[{i}]: must be an object with a string body")
-        path = item.get("filepath") or "snippet"
-        if not isinstance(path, str):
+        path = item.get("filepath")
+        if path is not None and not isinstance(path, str):
             raise ValueError(f"segments.{key}[{i}].filepath: must be a string")
-        out.append(Snippet(path, item["body"][:MAX_SEGMENT_CHARS]))
+        out.append(Snippet(path or "snippet", item["body"][:MAX_SEGMENT_CHARS]))
     return out
 
 

@@ -583,6 +583,7 @@ BAD = [
     ("top_p_zero_chat", CHAT, H(top_p=0.0), 400, "top_p"),
     ("top_p_above_one", COMP, C(top_p=1.5), 400, "top_p"),
     ("top_k_negative", COMP, C(top_k=-2), 400, "top_k"),
+    ("top_k_int64", COMP, C(top_k=2 ** 63), 400, "top_k"),         # overflowed the sampler's tensor (fuzzer)
     ("min_p_above_one", COMP, C(min_p=2), 400, "min_p"),
     ("presence_penalty_big", CHAT, H(presence_penalty=3), 400, "presence_penalty"),
     ("frequency_penalty_small", COMP, C(frequency_penalty=-3), 400, "frequency_penalty"),

@@ -100,7 +100,11 @@ def test_request_shapes_and_errors():
     assert (o.prefix, o.suffix, o.max_tokens, o.stop, o.stream) == ("p", "s", 32, ["\n"], True)
     for bad, msg in [({"segments": {"suffix": "x"}}, "prefix"), ({"segments": "x"}, "segments"),
                      ({"segments": {"prefix": 3}}, "prefix"), ({"segments": {"prefix": "a"}, "temperature": "hot"}, "temperature"),
-                     ({"segments": {"prefix": "a", "declarations": [{"body": 1}]}}, "declarations")]:
+                     ({"segments": {"prefix": "a", "declarations": [{"body": 1}]}}, "declarations"),
+                     # falsy values of the wrong type are not a missing list / path (found by the fuzzer)
+                     ({"segments": {"prefix": "a", "relevant_snippets_from_recently_opened_files": ""}},
+                      "recently_opened"),
+                     ({"segments": {"prefix": "a", "declarations": [{"body": "b", "filepath": 0}]}}, "filepath")]:
         with pytest.raises(ValueError, match=msg):
             parse_tabby(bad)
     for bad, msg in [({}, "prompt"), ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
