@@ -39,16 +39,8 @@ EXACT_OR_INTERP_ULP = {FP32: EXACT, FP16: EXACT, BF16: {"rtol": 2 ** -7, "atol":
 
 
 @pytest.fixture(autouse=True)
-def _nan_filled_empty():
-    """torch.empty returns NaN-filled memory, so an output element a kernel never writes fails."""
-    was_on = torch.are_deterministic_algorithms_enabled()
-    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    was_filling = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.utils.deterministic.fill_uninitialized_memory = was_filling
-    torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+def _nan_filled_empty(nan_filled_empty):
+    """Every test here runs with NaN-filled torch.empty (tests/kernels/conftest.py)."""
 
 
 def _gen(*params) -> torch.Generator:

@@ -217,17 +217,6 @@ def test_variant_input_checks():
         qg.quant_gemv(x, x, x, x, 16, 100, convert=1)
 
 
-@pytest.fixture
-def nan_filled_empty():
-    """torch.empty returns NaN-filled memory, so an output element a kernel never writes fails."""
-    was_on, was_filling = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.utils.deterministic.fill_uninitialized_memory = was_filling
-    torch.use_deterministic_algorithms(was_on)
-
-
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.gpu
 @pytest.mark.usefixtures("nan_filled_empty")

@@ -120,17 +120,6 @@ def test_gemv_real_shapes(bits, group, m, n, k):
     assert gemv_case(m, n, k, bits, group, torch.bfloat16, seed=m + n + k + bits, tiles=None) < TOL[torch.bfloat16]
 
 
-@pytest.fixture
-def nan_filled_empty():
-    """torch.empty returns NaN-filled memory, so an output element a kernel never writes fails."""
-    was_on, was_filling = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.utils.deterministic.fill_uninitialized_memory = was_filling
-    torch.use_deterministic_algorithms(was_on)
-
-
 @pytest.mark.usefixtures("nan_filled_empty")
 @pytest.mark.parametrize("m,n,k,tiles", [(1, 40, 128, (16, 64)), (3, 24, 96, (16, 64)), (2, 5, 200, (4, 128)),
                                          (1, 7, 1000, None)])
