@@ -157,7 +157,7 @@ class KVTierStore:
         self._busy = None                    # blocks in-flight steps touch: computed on first need
         # recorded after every other copy of the step, so running them last keeps the order
         needed = [t for t in transfers if not t.behind]
-        behind = [t for t in transfers if t.behind] if len(needed) < len(transfers) else []
+        behind = [t for t in transfers if t.behind]
         self._run(needed, behind=False)
         if self.on_cuda and needed:
             done = torch.cuda.Event()
@@ -223,27 +223,24 @@ class KVTierStore:
 
     def _gather(self, idx: torch.Tensor, stage: torch.Tensor) -> None:
         """stage[i] = block idx[i] of every layer's K and V (on the current stream)."""
-        if self.kernels is None:
-            for layer, kv in enumerate(self.flat):
-                for j, cache in enumerate(kv):
-                    stage[:, layer, j] = cache.index_select(0, idx)
-            return
-        gather, _ = self.kernels
-        words = self.block_bytes // 8
-        gather[(len(idx), 2 * self.num_layers, -(-words // WORDS_PER_PROGRAM))](
-            self.cache_ptrs, idx, stage.view(torch.int64), NUM_TENSORS=2 * self.num_layers, WORDS=words,
-            CHUNK=WORDS_PER_PROGRAM)
+        self._stage_blocks(idx, stage, gather=True)
 
     def _scatter(self, idx: torch.Tensor, stage: torch.Tensor) -> None:
         """Block idx[i] of every layer's K and V = stage[i] (on the current stream)."""
+        self._stage_blocks(idx, stage, gather=False)
+
+    def _stage_blocks(self, idx: torch.Tensor, stage: torch.Tensor, gather: bool) -> None:
         if self.kernels is None:
             for layer, kv in enumerate(self.flat):
                 for j, cache in enumerate(kv):
-                    cache.index_copy_(0, idx, stage[:, layer, j])
+                    if gather:
+                        stage[:, layer, j] = cache.index_select(0, idx)
+                    else:
+                        cache.index_copy_(0, idx, stage[:, layer, j])
             return
-        _, scatter = self.kernels
+        kernel = self.kernels[0 if gather else 1]
         words = self.block_bytes // 8
-        scatter[(len(idx), 2 * self.num_layers, -(-words // WORDS_PER_PROGRAM))](
+        kernel[(len(idx), 2 * self.num_layers, -(-words // WORDS_PER_PROGRAM))](
             self.cache_ptrs, idx, stage.view(torch.int64), NUM_TENSORS=2 * self.num_layers, WORDS=words,
             CHUNK=WORDS_PER_PROGRAM)
 

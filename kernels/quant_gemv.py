@@ -32,8 +32,9 @@ by instructions, not bytes: bench/NOTES.md runs 16-19):
        products: ~1e-3 relative error per 8-code chunk (the bf16 output rounds at 4e-3)
 
 Defaults (`choose_convert`, H200 sweep, bench/NOTES.md run 30): int8 2, int4 3 (1 where its
-words do not fit). 1-3 are PTX (tl.inline_asm_elementwise) on the GPU; under the interpreter (CPU) the same bit
-operations run as Triton integer / fp16 ops (EMULATE), so the CPU tests check the layout logic.
+words do not fit), 1 for fp32 activations. 1-3 are PTX (kernels/gemv_codes.py) on the GPU; under
+the interpreter (CPU) the same bit operations run as Triton integer / fp16 ops (EMULATE), so the
+CPU tests check the layout logic.
 """
 from __future__ import annotations
 
@@ -212,11 +213,13 @@ def choose_convert(bits: int, k: int, block_k: int, group_tile: int, qweight: to
         return 1
     if bits == 8:
         return 2
-    try:
-        check_convert(3, bits, k, block_k, group_tile, qweight)
-    except ValueError:
-        return 1
-    return 3
+    return 3 if _words_fit(bits, k, block_k, group_tile, qweight) else 1
+
+
+def _words_fit(bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor) -> bool:
+    """Whether CONVERT 3's 8-code words (int8: 8 bytes, int4: 4) tile the rows, slabs and groups."""
+    word = 8 if bits == 8 else 4
+    return not (k % 8 or block_k % 8 or group_tile % 8 or qweight.stride(0) % word or qweight.data_ptr() % word)
 
 
 def check_convert(convert: int, bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor) -> None:
@@ -226,12 +229,11 @@ def check_convert(convert: int, bits: int, k: int, block_k: int, group_tile: int
         raise ValueError(f"quant_gemv: convert must be one of {CONVERTS}, got {convert!r}")
     if convert and bits == 16:
         raise ValueError("quant_gemv: convert applies to int8 / int4 codes, not to a plain weight")
-    if convert == 3:
+    if convert == 3 and not _words_fit(bits, k, block_k, group_tile, qweight):
         word = 8 if bits == 8 else 4
-        if k % 8 or block_k % 8 or group_tile % 8 or qweight.stride(0) % word or qweight.data_ptr() % word:
-            raise ValueError(f"quant_gemv: convert=3 reads {word}-byte words of 8 codes: wants K, BLOCK_K and the "
-                             f"group tile divisible by 8 and aligned rows; got K {k}, BLOCK_K {block_k}, "
-                             f"group tile {group_tile}, row stride {qweight.stride(0)}")
+        raise ValueError(f"quant_gemv: convert=3 reads {word}-byte words of 8 codes: wants K, BLOCK_K and the "
+                         f"group tile divisible by 8 and aligned rows; got K {k}, BLOCK_K {block_k}, "
+                         f"group tile {group_tile}, row stride {qweight.stride(0)}")
 
 
 def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
@@ -256,7 +258,8 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         raise ValueError(f"quant_gemv: BLOCK_K {block_k} and the group length {group_len} must nest")
     if convert is None:
         convert = choose_convert(bits, k, block_k, group_tile, qweight, x.dtype)
-    check_convert(convert, bits, k, block_k, group_tile, qweight)
+    else:
+        check_convert(convert, bits, k, block_k, group_tile, qweight)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (m, triton.cdiv(n, block_n))
     pdl = use_pdl(x, pdl)
@@ -286,9 +289,9 @@ def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: 
              num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) times an e4m3 weight [N, K] with one fp32 scale per output row
     (`scale`: N contiguous values, e.g. [1, N] or [N, 1]) -> y [M, N] in x's dtype. Weight-only
-    FP8 for decode: at one row cuBLASLt's FP8 GEMM pads to a 128-row tile and the activation must
-    be quantized first (two kernels, 27 + 6 us on the 7B's gate_up, bench/NOTES.md run 31); this
-    streams the e4m3 codes once, with x unquantized."""
+    FP8 for decode: at one row cuBLASLt's FP8 GEMM runs a 128-row tile and the activation must be
+    quantized first (two kernels, 27 + 6 us a linear on average in the 7B's batch-1 step,
+    bench/NOTES.md run 28); this streams the e4m3 codes once, with x unquantized (run 31)."""
     if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"gemv_fp8: want x [M, K] with a contiguous last dim and a contiguous weight [N, K], "
                          f"got {tuple(x.shape)} / {tuple(weight.shape)}")
