@@ -1,14 +1,13 @@
 """Decode attention at throughput shapes (run on the device): the paged decode kernel over a
 tile / warps / stages sweep, bf16 vs float8 caches (a float8 cache read as float8 tiles, "tile",
-or as int32 words of four codes converted in registers, "words"; "wordsKV" picks the K and V
-conversions, e.g. words20: K by integer ops, V by cvt; 1 is no conversion, a timing ceiling), and a CUDA-core variant for MHA
+or as int32 words of four codes converted in registers, "words"), and a CUDA-core variant for MHA
 (one query head per KV head: no tl.dot, K and V tiles used from registers), each against the copy
 ceiling.
 
 The shape is the 7B 128/128 throughput run's decode step (bench/throughput_profile.py: decode
 attention is 44-62% of its kernel time): batch 512, context 192, 32 heads, d 128, block size 16.
 
-    python3 bench/decode_attn_sweep.py --out $OUT/decode_attn_sweep.json [--kinds tile,words00,words22,vector]
+    python3 bench/decode_attn_sweep.py --out $OUT/decode_attn_sweep.json [--kinds tile,words,vector]
 """
 from __future__ import annotations
 
@@ -75,7 +74,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--ctx", type=int, default=192)
     ap.add_argument("--copy-bw", type=float, default=4.26e12)
-    ap.add_argument("--kinds", default="tile,words00,words22,vector")
+    ap.add_argument("--kinds", default="tile,words,vector")
+    ap.add_argument("--block-n", default="32,64,128")
+    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--stages", default="2,3,4")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     B, CTX, H, D, BS = args.batch, args.ctx, 32, 128, 16
@@ -87,18 +89,17 @@ def main() -> None:
         k, v = (kb, vb) if cache == "bf16" else (kb.to(torch.float8_e4m3fn), vb.to(torch.float8_e4m3fn))
         nbytes = 2 * B * CTX * H * D * k.element_size()
         ref = decode_attention_reference(q[:8], k, v, tables[:8], lens[:8], D ** -0.5)
-        kinds = [k for k in args.kinds.split(",") if cache == "fp8" or not k.startswith("words")]
+        kinds = [k for k in args.kinds.split(",") if cache == "fp8" or k != "words"]
         cands = [(kind, bn, w, st) for kind in kinds if kind != "vector"
-                 for bn in (32, 64, 128) for w in (2, 4, 8) for st in (2, 3, 4)]
+                 for bn in map(int, args.block_n.split(",")) for w in map(int, args.warps.split(","))
+                 for st in map(int, args.stages.split(","))]
         if "vector" in kinds:
             cands += [("vector", bn, w, st) for bn in (16, 32, 64) for w in (4, 8) for st in (2, 3)]
         for kind, bn, w, st in cands:
             out = torch.full_like(q, float("nan"))
-            if kind == "tile" or kind.startswith("words"):
-                conv = (int(kind[5]), int(kind[6])) if kind.startswith("words") else (0, 0)
+            if kind in ("tile", "words"):
                 fn = lambda: decode_attention(q, k, v, tables, lens, D ** -0.5, num_splits=1, out=out,  # noqa: E731
-                                              block_n=bn, num_warps=w, num_stages=st, words=kind != "tile",
-                                              conv=conv)
+                                              block_n=bn, num_warps=w, num_stages=st, words=kind == "words")
             else:
                 fn = lambda: mha_vector(q, k, v, tables, lens, D ** -0.5, out, bn, w, st)  # noqa: E731
             try:
@@ -113,7 +114,7 @@ def main() -> None:
                  "GBps": nbytes / t / 1e9, "fraction_of_copy": nbytes / t / args.copy_bw, "rel_err": err}
             rows.append(r)
         for kind in kinds:
-            ok = [r for r in rows if r["cache"] == cache and r["kind"] == kind and (r["rel_err"] < 3e-2 or kind == "words11")]
+            ok = [r for r in rows if r["cache"] == cache and r["kind"] == kind and r["rel_err"] < 3e-2]
             ok.sort(key=lambda r: r["us"])
             for r in ok[:4]:
                 log(f"{cache} {kind:6s} bn {r['block_n']:3d} w {r['warps']} st {r['stages']}: {r['us']:8.1f} us "

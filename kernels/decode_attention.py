@@ -101,53 +101,27 @@ def _decode_split_kernel(
 # Two words of four e4m3 codes each ($4, $5) -> four fp16 pairs: $j = (byte j of $4, byte j of $5).
 # A float8 tile loaded as words [BLOCK_N, D / 4] splits into four fp16 tiles by byte; the two
 # words of a call are adjacent in the register order, so each pair lands where the MMA packs it.
-# CONV 0: cvt.rn.f16x2.e4m3x2 (the conversion pipe). CONV 2: integer ops only (the ALU pipe):
-# the code's 7 magnitude bits shifted under fp16's exponent field and its sign kept, which is
-# the e4m3 value times 2^-8 exactly (normals and subnormals; the NaN code reads as 480 * 2^-8).
-# CONV 1: no conversion at all, wrong values -- a timing ceiling for the benchmark only.
-# CONV 2's prmt selectors: output j takes byte j of each word into bytes 1 and 3 (and 0 and 2)
-WORDS_INT_SEL = tuple(j | j << 4 | (4 + j) << 8 | (4 + j) << 12 for j in range(4))
-_ASM_E4M3_WORDS = {
-    0: "{\n.reg .b32 p01, p23;\n.reg .b16 l0, h0, l1, h1;\n"
-       "prmt.b32 p01, $4, $5, 0x5140;\nprmt.b32 p23, $4, $5, 0x7362;\n"
-       "mov.b32 {l0, h0}, p01;\nmov.b32 {l1, h1}, p23;\n"
-       "cvt.rn.f16x2.e4m3x2 $0, l0;\ncvt.rn.f16x2.e4m3x2 $1, h0;\n"
-       "cvt.rn.f16x2.e4m3x2 $2, l1;\ncvt.rn.f16x2.e4m3x2 $3, h1;\n}",
-    1: "prmt.b32 $0, $4, $5, 0x5140;\nprmt.b32 $1, $4, $5, 0x7362;\n"
-       "prmt.b32 $2, $4, $5, 0x5140;\nprmt.b32 $3, $4, $5, 0x7362;",
-    2: "{\n.reg .b32 x, t;\n" + "".join(
-        f"prmt.b32 x, $4, $5, {sel:#x};\nand.b32 t, x, {0x7F007F00:#x};\nshr.b32 t, t, 1;\n"
-        f"lop3.b32 ${j}, t, x, {0x80008000:#x}, 0xEA;\n" for j, sel in enumerate(WORDS_INT_SEL)) + "}",
-}
-_ASM_WORDS_CVT = tl.constexpr(_ASM_E4M3_WORDS[0])
-_ASM_WORDS_NONE = tl.constexpr(_ASM_E4M3_WORDS[1])
-_ASM_WORDS_INT = tl.constexpr(_ASM_E4M3_WORDS[2])
-WORDS_UNSCALE = {0: 1.0, 1: 1.0, 2: 256.0}          # what CONV's values must be multiplied by
+_ASM_E4M3_WORDS = tl.constexpr(
+    "{\n.reg .b32 p01, p23;\n.reg .b16 l0, h0, l1, h1;\n"
+    "prmt.b32 p01, $4, $5, 0x5140;\nprmt.b32 p23, $4, $5, 0x7362;\n"
+    "mov.b32 {l0, h0}, p01;\nmov.b32 {l1, h1}, p23;\n"
+    "cvt.rn.f16x2.e4m3x2 $0, l0;\ncvt.rn.f16x2.e4m3x2 $1, h0;\n"
+    "cvt.rn.f16x2.e4m3x2 $2, l1;\ncvt.rn.f16x2.e4m3x2 $3, h1;\n}")
 
 
 @triton.jit
-def _e4m3_byte(w, j: tl.constexpr, CONV: tl.constexpr):
-    f = ((w >> (8 * j)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    if CONV == 2:
-        f = f * 0.00390625
-    return f
+def _e4m3_byte(w, j: tl.constexpr):
+    return ((w >> (8 * j)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
 
 
 @triton.jit
-def _e4m3_words(w, CONV: tl.constexpr, EMULATE: tl.constexpr):
-    """int32 words of four e4m3 codes -> the four codes as fp16 tiles (byte 0, 1, 2, 3), times
-    2^-8 for CONV 2. EMULATE (the CPU interpreter, which runs no PTX): the same as Triton ops."""
+def _e4m3_words(w, EMULATE: tl.constexpr):
+    """int32 words of four e4m3 codes -> the four codes as fp16 tiles (byte 0, 1, 2, 3). EMULATE
+    (the CPU interpreter, which runs no PTX): the same split as Triton ops."""
     if EMULATE:
-        return _e4m3_byte(w, 0, CONV), _e4m3_byte(w, 1, CONV), _e4m3_byte(w, 2, CONV), _e4m3_byte(w, 3, CONV)
-    elif CONV == 0:
-        return tl.inline_asm_elementwise(_ASM_WORDS_CVT, "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16,) * 4,
-                                         is_pure=True, pack=2)
-    elif CONV == 1:
-        return tl.inline_asm_elementwise(_ASM_WORDS_NONE, "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16,) * 4,
-                                         is_pure=True, pack=2)
-    else:
-        return tl.inline_asm_elementwise(_ASM_WORDS_INT, "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16,) * 4,
-                                         is_pure=True, pack=2)
+        return _e4m3_byte(w, 0), _e4m3_byte(w, 1), _e4m3_byte(w, 2), _e4m3_byte(w, 3)
+    return tl.inline_asm_elementwise(_ASM_E4M3_WORDS, "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16,) * 4,
+                                     is_pure=True, pack=2)
 
 
 @triton.jit
@@ -160,7 +134,6 @@ def _decode_split_words_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr, EMULATE: tl.constexpr,
-    CONV_K: tl.constexpr, CONV_V: tl.constexpr, V_UNSCALE: tl.constexpr,
 ):
     """_decode_split_kernel for float8 e4m3 caches, read as words of four codes: the tiles are
     converted to fp16 in registers, before shared memory, so V reaches the MMA through 16-bit
@@ -201,7 +174,7 @@ def _decode_split_words_kernel(
         blk = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         off = blk * stride_cb + (n % BLOCK_SIZE) * stride_cs + kvh * stride_ch
         k0, k1, k2, k3 = _e4m3_words(tl.load(K_WORDS + off[:, None] + w[None, :], mask=n_mask[:, None], other=0),
-                                     CONV_K, EMULATE)
+                                     EMULATE)
         s = (dot(q0, tl.trans(k0), EMULATE) + dot(q1, tl.trans(k1), EMULATE)
              + dot(q2, tl.trans(k2), EMULATE) + dot(q3, tl.trans(k3), EMULATE)) * scale_log2e
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -210,7 +183,7 @@ def _decode_split_words_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v0, v1, v2, v3 = _e4m3_words(tl.load(V_WORDS + off[:, None] + w[None, :], mask=n_mask[:, None], other=0),
-                                     CONV_V, EMULATE)
+                                     EMULATE)
         p16 = p.to(tl.float16)
         acc0 = acc0 * alpha[:, None] + dot(p16, v0, EMULATE)
         acc1 = acc1 * alpha[:, None] + dot(p16, v1, EMULATE)
@@ -218,7 +191,7 @@ def _decode_split_words_kernel(
         acc3 = acc3 * alpha[:, None] + dot(p16, v3, EMULATE)
         m_i = m_new
 
-    inv = V_UNSCALE / tl.where(l_i > 0, l_i, 1.0)
+    inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     if NUM_SPLITS == 1:
         dst = OUT + b * stride_ot + heads[:, None] * stride_oh + 4 * w[None, :]
         ty = OUT.dtype.element_ty
@@ -269,6 +242,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, num_s
     return 1 << (splits.bit_length() - 1)                 # round down to a power of two
 
 
+# warps, stages of a float8 cache's decode attention (H200 sweeps at batch 512 x context 192)
+FP8_WARPS_STAGES = (2, 3)
+
 SPLIT_CHOICES = tuple(1 << i for i in range(MAX_SPLITS.bit_length()))   # 1, 2, 4, ..., 64
 
 
@@ -276,13 +252,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                      num_splits: int = 1, out: torch.Tensor | None = None,
                      block_n: int = 64, num_warps: int | None = None, num_stages: int | None = None,
-                     pdl: bool | None = None, words: bool | None = None,
-                     conv: tuple[int, int] = (0, 0)) -> torch.Tensor:
+                     pdl: bool | None = None, words: bool | None = None) -> torch.Tensor:
     """q [B, H, D], caches [NB, BS, Hkv, D], block_tables [B, max_blocks] int32, context_lens [B]
     int32 (each >= 1) -> out [B, H, D] in q's dtype. The new token's K/V must already be cached.
     A float8 cache is read as words of four codes (`words`, the default; False: as float8 tiles):
     281 vs 420 us at batch 512 x context 192 on the H200, 67% vs 45% of copy (bench/NOTES.md
-    run 32). conv: the words' (K, V) conversions (see _ASM_E4M3_WORDS). Default warps / stages:
+    run 32). Default warps / stages:
     4 / 2, or 2 / 3 for a float8 cache (the leaders of the H200 sweeps at that shape; run 30, 32)."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "decode_attention", q, k_cache, v_cache)
@@ -300,8 +275,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
     group = num_heads // num_kv_heads
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    num_warps = num_warps or (2 if fp8 else 4)
-    num_stages = num_stages or (3 if fp8 else 2)
+    num_warps = num_warps or (FP8_WARPS_STAGES[0] if fp8 else 4)
+    num_stages = num_stages or (FP8_WARPS_STAGES[1] if fp8 else 2)
     pdl = use_pdl(q, pdl)
     if num_splits > 1:
         part_out = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
@@ -316,10 +291,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if words:
         kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)
         _decode_split_words_kernel[grid](
-            q, kw, vw, block_tables, context_lens, out, part_out, part_lse, scale * LOG2E * WORDS_UNSCALE[conv[0]],
+            q, kw, vw, block_tables, context_lens, out, part_out, part_lse, scale * LOG2E,
             q.stride(0), q.stride(1), kw.stride(0), kw.stride(1), kw.stride(2), block_tables.stride(0),
-            out.stride(0), out.stride(1), EMULATE=q.device.type == "cpu", CONV_K=conv[0], CONV_V=conv[1],
-            V_UNSCALE=WORDS_UNSCALE[conv[1]], **common)
+            out.stride(0), out.stride(1), EMULATE=q.device.type == "cpu", **common)
     else:
         _decode_split_kernel[grid](
             q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,

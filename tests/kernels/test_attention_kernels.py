@@ -56,15 +56,14 @@ def strided_q(num_tokens: int, num_heads: int, hkv: int, d: int, dtype, gen) -> 
 
 
 def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed, block_n=64, cache_dtype=None,
-               words=None, conv=(0, 0)):
+               words=None):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     k, v, tables = make_cache(ctx_lens, block_size, hkv, d, dtype, gen, cache_dtype)
     q = strided_q(len(ctx_lens), num_heads, hkv, d, dtype, gen)
     lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE)
     out = torch.full((len(ctx_lens), num_heads, d), float("nan"), dtype=dtype, device=DEVICE)
     scale = d ** -0.5
-    decode_attention(q, k, v, tables, lens, scale, num_splits=num_splits, out=out, block_n=block_n, words=words,
-                     conv=conv)
+    decode_attention(q, k, v, tables, lens, scale, num_splits=num_splits, out=out, block_n=block_n, words=words)
     ref = decode_attention_reference(q, k, v, tables, lens, scale)
     return rel_err(out, ref)
 
@@ -198,41 +197,14 @@ def test_bad_inputs_are_value_errors():
 FP8 = torch.float8_e4m3fn
 
 
-@pytest.mark.parametrize("words,conv", [(True, (0, 0)), (True, (2, 0)), (True, (0, 2)), (False, (0, 0))])
+@pytest.mark.parametrize("words", [True, False])
 @pytest.mark.parametrize("num_heads,hkv", [(4, 4), (8, 2)])
-def test_decode_fp8_cache(num_heads, hkv, words, conv):
-    # the cache in e4m3, read as words of four codes (the default; conv 2's values come scaled by
-    # 2^-8, which the kernel must undo) or as float8 tiles; the reference reads the bytes in fp32
+def test_decode_fp8_cache(num_heads, hkv, words):
+    # the cache in e4m3, read as words of four codes (the default) or as float8 tiles; the
+    # reference reads the same bytes in fp32
     for splits in (1, 2):
         assert run_decode([1, 17, 40], num_heads, hkv, 32, 16, torch.bfloat16, splits, seed=hkv + splits,
-                          block_n=16, cache_dtype=FP8, words=words, conv=conv) < TOL[torch.bfloat16]
-
-
-def _prmt(a: int, b: int, sel: int) -> int:
-    """PTX prmt.b32 (default mode): result byte i is byte (sel >> 4 i) & 7 of the pair (a, b)."""
-    pool = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
-    return sum(pool[(sel >> 4 * i) & 7] << 8 * i for i in range(4))
-
-
-def test_words_integer_conversion_ptx_model():
-    # the interpreter cannot run CONV 2's PTX: model its instructions in Python over every e4m3
-    # code in both halves of a pair and check the fp16 halves are the code's value * 2^-8 exactly
-    from kernels.decode_attention import _ASM_E4M3_WORDS, WORDS_INT_SEL
-    asm = _ASM_E4M3_WORDS[2]
-    assert all(f"{sel:#x}" in asm for sel in WORDS_INT_SEL) and "0x7f007f00" in asm and "0x80008000" in asm
-    codes = [c for c in range(256) if c & 0x7F != 0x7F]                  # the NaN codes aside
-    gen = torch.Generator().manual_seed(7)
-    for c in codes:
-        other = codes[int(torch.randint(len(codes), (1,), generator=gen))]
-        junk = int(torch.randint(256, (1,), generator=gen))
-        for j in range(4):                                              # code c in byte j of word 0
-            w0 = (c << 8 * j) | (junk << 8 * ((j + 1) % 4))
-            w1 = (other << 8 * j) | (junk << 8 * ((j + 2) % 4))
-            x = _prmt(w0, w1, WORDS_INT_SEL[j])
-            out = (((x & 0x7F007F00) >> 1) | (x & 0x80008000)) & 0xFFFFFFFF
-            halves = torch.tensor([out & 0xFFFF, out >> 16], dtype=torch.int32).to(torch.int16).view(torch.float16)
-            want = torch.tensor([c, other], dtype=torch.uint8).view(FP8).to(torch.float16) / 256
-            assert torch.equal(halves, want), (c, other, j)
+                          block_n=16, cache_dtype=FP8, words=words) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("new_kv", [True, False])
