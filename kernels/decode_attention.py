@@ -55,8 +55,12 @@ def _decode_split_kernel(
     g_mask = g < GROUP
     q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=g_mask[:, None], other=0.0)                           # [G_PAD, D]
+    qk_scale = scale_log2e
     if F16_DOT:
-        q = q.to(tl.float16)             # the tiles below upcast to q's dtype (see `f16_dot`)
+        # the tiles below upcast to q's dtype (see `f16_dot`); the scale goes into q first, so
+        # fp16 holds any q below 65504 / scale (8x bf16's reach for d 128), not just below 65504
+        q = (q.to(tl.float32) * scale_log2e).to(tl.float16)
+        qk_scale = 1.0
     if NUM_SPLITS == 1:
         start = 0
         end = ctx
@@ -75,7 +79,7 @@ def _decode_split_kernel(
         blk = tl.load(table + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         off = blk * stride_cb + (n % BLOCK_SIZE) * stride_cs + kvh * stride_ch   # [BLOCK_N]
         k = tl.load(K_CACHE + off[:, None] + d[None, :], mask=n_mask[:, None], other=0.0).to(q.dtype)
-        s = dot(q, tl.trans(k), DOT_FP32) * scale_log2e                           # [G_PAD, BLOCK_N]
+        s = dot(q, tl.trans(k), DOT_FP32) * qk_scale                              # [G_PAD, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -149,10 +153,11 @@ def _decode_split_words_kernel(
     heads = kvh * GROUP + g
     g_mask = g < GROUP
     q_rows = Q + b * stride_qt + heads[:, None] * stride_qh + 4 * w[None, :]
-    q0 = tl.load(q_rows + 0, mask=g_mask[:, None], other=0.0).to(tl.float16)
-    q1 = tl.load(q_rows + 1, mask=g_mask[:, None], other=0.0).to(tl.float16)
-    q2 = tl.load(q_rows + 2, mask=g_mask[:, None], other=0.0).to(tl.float16)
-    q3 = tl.load(q_rows + 3, mask=g_mask[:, None], other=0.0).to(tl.float16)
+    # fp16 q with the softmax scale folded in first (as _decode_split_kernel's F16_DOT)
+    q0 = (tl.load(q_rows + 0, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
+    q1 = (tl.load(q_rows + 1, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
+    q2 = (tl.load(q_rows + 2, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
+    q3 = (tl.load(q_rows + 3, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
     if NUM_SPLITS == 1:
         start = 0
         end = ctx
@@ -176,7 +181,7 @@ def _decode_split_words_kernel(
         k0, k1, k2, k3 = _e4m3_words(tl.load(K_WORDS + off[:, None] + w[None, :], mask=n_mask[:, None], other=0),
                                      EMULATE)
         s = (dot(q0, tl.trans(k0), EMULATE) + dot(q1, tl.trans(k1), EMULATE)
-             + dot(q2, tl.trans(k2), EMULATE) + dot(q3, tl.trans(k3), EMULATE)) * scale_log2e
+             + dot(q2, tl.trans(k2), EMULATE) + dot(q3, tl.trans(k3), EMULATE))
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)

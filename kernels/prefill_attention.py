@@ -132,7 +132,10 @@ def _prefill_kernel(
         q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + d[None, :],
                     mask=i_mask[:, None], other=0.0)                       # [BLOCK_M, D]
     if F16_DOT:
-        q = q.to(tl.float16)                     # a float8 cache: the dots in fp16 (`f16_dot`)
+        # a float8 cache: the dots in fp16 (`f16_dot`), the scale folded into q first so fp16
+        # holds any q below 65504 / scale rather than 65504
+        q = (q.to(tl.float32) * scale_log2e).to(tl.float16)
+        scale_log2e = 1.0
     q_pos = prefix + i
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -56,10 +56,11 @@ def strided_q(num_tokens: int, num_heads: int, hkv: int, d: int, dtype, gen) -> 
 
 
 def run_decode(ctx_lens, num_heads, hkv, d, block_size, dtype, num_splits, seed, block_n=64, cache_dtype=None,
-               words=None):
+               words=None, q_scale=1.0):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     k, v, tables = make_cache(ctx_lens, block_size, hkv, d, dtype, gen, cache_dtype)
     q = strided_q(len(ctx_lens), num_heads, hkv, d, dtype, gen)
+    q.mul_(q_scale)
     lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE)
     out = torch.full((len(ctx_lens), num_heads, d), float("nan"), dtype=dtype, device=DEVICE)
     scale = d ** -0.5
@@ -205,6 +206,10 @@ def test_decode_fp8_cache(num_heads, hkv, words):
     for splits in (1, 2):
         assert run_decode([1, 17, 40], num_heads, hkv, 32, 16, torch.bfloat16, splits, seed=hkv + splits,
                           block_n=16, cache_dtype=FP8, words=words) < TOL[torch.bfloat16]
+    # q past fp16's 65504 (bf16 holds it): the dots run in fp16 with the softmax scale folded in
+    # first, so q * scale must fit, not q
+    assert run_decode([5, 40], num_heads, hkv, 32, 16, torch.bfloat16, 1, seed=hkv, block_n=16, cache_dtype=FP8,
+                      words=words, q_scale=4e4) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("new_kv", [True, False])
