@@ -33,6 +33,19 @@ from kernels.triton_utils import (
 
 
 @triton.jit
+def _split_range(ctx, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The context slice [start, end) of split `split`: whole BLOCK_N tiles, the last one short."""
+    if NUM_SPLITS == 1:
+        start = 0
+        end = ctx
+    else:
+        split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, ctx)
+    return start, end
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K_CACHE, V_CACHE, BLOCK_TABLES, CONTEXT_LENS, OUT, PART_OUT, PART_LSE,
     scale_log2e,
@@ -61,13 +74,7 @@ def _decode_split_kernel(
         # fp16 holds any q below 65504 / scale (8x bf16's reach for d 128), not just below 65504
         q = (q.to(tl.float32) * scale_log2e).to(tl.float16)
         qk_scale = 1.0
-    if NUM_SPLITS == 1:
-        start = 0
-        end = ctx
-    else:
-        split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = split * split_len
-        end = tl.minimum(start + split_len, ctx)
+    start, end = _split_range(ctx, split, NUM_SPLITS, BLOCK_N)
 
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
@@ -158,13 +165,7 @@ def _decode_split_words_kernel(
     q1 = (tl.load(q_rows + 1, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
     q2 = (tl.load(q_rows + 2, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
     q3 = (tl.load(q_rows + 3, mask=g_mask[:, None], other=0.0).to(tl.float32) * scale_log2e).to(tl.float16)
-    if NUM_SPLITS == 1:
-        start = 0
-        end = ctx
-    else:
-        split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = split * split_len
-        end = tl.minimum(start + split_len, ctx)
+    start, end = _split_range(ctx, split, NUM_SPLITS, BLOCK_N)
 
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
@@ -180,6 +181,7 @@ def _decode_split_words_kernel(
         off = blk * stride_cb + (n % BLOCK_SIZE) * stride_cs + kvh * stride_ch
         k0, k1, k2, k3 = _e4m3_words(tl.load(K_WORDS + off[:, None] + w[None, :], mask=n_mask[:, None], other=0),
                                      EMULATE)
+        # (the interpreter's 16-bit tl.dot is wrong: EMULATE upcasts the operands, as DOT_FP32 does)
         s = (dot(q0, tl.trans(k0), EMULATE) + dot(q1, tl.trans(k1), EMULATE)
              + dot(q2, tl.trans(k2), EMULATE) + dot(q3, tl.trans(k3), EMULATE))
         s = tl.where(n_mask[None, :], s, float("-inf"))
