@@ -35,9 +35,12 @@ VARIANTS = {                                     # name -> QuantConfig
     "int4 rtn g128": QuantConfig("rtn", 4, 128),
     "int4 awq g128": QuantConfig("awq", 4, 128),
     "int4 gptq g128": QuantConfig("gptq", 4, 128),
+    "int4 gptq g128 act-order": QuantConfig("gptq", 4, 128, act_order=True),
+    "int4 awq+gptq g128 act-order": QuantConfig("gptq", 4, 128, act_order=True, awq_scales=True),
     "int4 rtn g32": QuantConfig("rtn", 4, 32),
     "int4 awq g32": QuantConfig("awq", 4, 32),
-    "int4 gptq g32": QuantConfig("gptq", 4, 32),
+    "int4 gptq g32 act-order": QuantConfig("gptq", 4, 32, act_order=True),
+    "int4 awq+gptq g32 act-order": QuantConfig("gptq", 4, 32, act_order=True, awq_scales=True),
     "fp8 w8a8 e4m3": "fp8",                      # inference/quantization/fp8.py
     "2:4 sparse magnitude": "sparse24",          # inference/quantization/sparsity.py (experimental)
     "2:4 sparse wanda": "sparse24-wanda",        # scores |w| * ||x|| over the calibration windows
@@ -119,9 +122,9 @@ def main() -> None:
                    "another grid (integer zero points, other groups)"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
-    print(f"\n{'variant':<26} {'ppl':>8} {'d ppl':>8} {'KL':>8} {'top-1':>7} {'bytes':>6}")
+    print(f"\n{'variant':<30} {'ppl':>8} {'d ppl':>8} {'KL':>8} {'top-1':>7} {'bytes':>6}")
     for name, m in rows.items():
-        print(f"{name:<26} {m['ppl']:>8.3f} {m['delta_ppl_pct']:>+7.2f}% {m['kl']:>8.4f} {m['top1_agreement']:>7.3f} "
+        print(f"{name:<30} {m['ppl']:>8.3f} {m['delta_ppl_pct']:>+7.2f}% {m['kl']:>8.4f} {m['top1_agreement']:>7.3f} "
               f"{m['linear_bytes_vs_bf16']:>6.3f}")
 
 

@@ -69,7 +69,7 @@ class InputStats:
     """What calibration keeps of one linear layer's inputs."""
     num_rows: int = 0
     abs_sum: torch.Tensor | None = None         # [in] sum of |x| over every row (AWQ's salience)
-    hessian: torch.Tensor | None = None         # [in, in] sum of x x^T (GPTQ), when asked for
+    xtx: torch.Tensor | None = None             # [in, in] fp64 sum of x x^T (GPTQ), when asked for
     sample: list[torch.Tensor] = field(default_factory=list)   # the first rows, up to sample_rows
 
     def add(self, x: torch.Tensor, with_hessian: bool, sample_rows: int, per_call: int) -> None:
@@ -79,14 +79,19 @@ class InputStats:
         self.num_rows += x.shape[0]
         a = x.abs().sum(0)
         self.abs_sum = a if self.abs_sum is None else self.abs_sum + a
-        if with_hessian:
-            h = x.t() @ x
-            self.hessian = h if self.hessian is None else self.hessian + h
+        if with_hessian:                        # fp32 products per call, summed in fp64
+            h = (x.t() @ x).double()
+            self.xtx = h if self.xtx is None else self.xtx + h
         have = sum(t.shape[0] for t in self.sample)
         if have < sample_rows:
             take = min(per_call, sample_rows - have, x.shape[0])
             rows = torch.linspace(0, x.shape[0] - 1, take, device=x.device).round().long()
             self.sample.append(x[rows].clone())
+
+    @property
+    def hessian(self) -> torch.Tensor | None:
+        """GPTQ's H = X^T X / n [in, in] (fp64): a mean, so its size does not grow with the rows."""
+        return None if self.xtx is None else self.xtx / max(1, self.num_rows)
 
     def mean_abs(self) -> torch.Tensor:
         return self.abs_sum / max(1, self.num_rows)

@@ -162,7 +162,8 @@ def _decode(get, prefix: str, cfg: QuantConfig, out: int, n: int):
         zeros = (_unpack(get(f"{prefix}.qzeros"), cfg.bits) + 1).t().float()
         g_idx = get(f"{prefix}.g_idx")
         if not torch.equal(g_idx.long(), torch.arange(n) // cfg.group_len(n)):
-            raise ValueError(f"{prefix}.g_idx is not i // group_size: act-order checkpoints are not supported")
+            raise ValueError(f"{prefix}.g_idx is not i // group_size: act-order checkpoints are supported only "
+                             "with static groups")
     return codes.to(torch.uint8).contiguous(), scales, zeros
 
 

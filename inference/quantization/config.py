@@ -3,7 +3,8 @@ touched, and mapped to and from the `quantization_config` of a Hugging Face chec
 
     method  bits  groups              zero point   calibration   on disk (HF format)
     rtn     4/8   128 (4) / channel   4: yes       none          GPTQ layout (`quant_method: gptq`)
-    gptq    4/8   128 (4) / channel   4: yes       GPTQ          GPTQ layout
+    gptq    4/8   128 (4) / channel   4: yes       GPTQ          GPTQ layout (act-order: static groups)
+                                                   (+ AWQ scales folded first, `awq_scales`)
     awq     4     128                 yes          AWQ scales    AWQ GEMM layout (`quant_method: awq`)
 
 `LLM(quantization=...)` also takes the shorthands "int8" (rtn, 8 bits, per output channel,
@@ -25,6 +26,8 @@ class QuantConfig:
     bits: int = 4
     group_size: int = 128            # -1: one group per output channel (the whole input row)
     symmetric: bool = False          # no zero point (int8 default); 4-bit defaults to asymmetric
+    act_order: bool = False          # gptq: columns by decreasing activation energy, static groups
+    awq_scales: bool = False         # gptq: fold AWQ's scales into the layer first, then GPTQ
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -37,6 +40,10 @@ class QuantConfig:
         if self.group_size != -1 and (self.group_size < 32 or self.group_size & (self.group_size - 1)):
             raise ValueError(f"quantization group_size: must be -1 (per channel) or a power of two >= 32, "
                              f"got {self.group_size!r}")
+        if (self.act_order or self.awq_scales) and self.method != "gptq":
+            raise ValueError(f"quantization: act_order and awq_scales are gptq options, got method={self.method!r}")
+        if self.awq_scales and (self.bits != 4 or self.symmetric):
+            raise ValueError("quantization: awq_scales searches 4-bit asymmetric groups (bits=4, symmetric=False)")
         if self.method == "awq" and self.symmetric:
             raise ValueError("quantization: awq stores a zero point per group (symmetric=False)")
 
@@ -66,9 +73,11 @@ class QuantConfig:
         if self.method == "awq":
             return {"quant_method": "awq", "bits": 4, "group_size": self.group_size, "zero_point": True,
                     "version": "gemm"}
-        return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size, "desc_act": False,
-                "sym": self.symmetric, "checkpoint_format": "gptq", "true_sequential": False,
-                "quantizer": f"inference-{self.method}"}
+        # act-order with static groups: g_idx stays i // group_size, the layout every GPTQ loader reads
+        return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
+                "desc_act": self.act_order, "static_groups": self.act_order, "sym": self.symmetric,
+                "checkpoint_format": "gptq", "true_sequential": False,
+                "quantizer": "inference-awq-gptq" if self.awq_scales else f"inference-{self.method}"}
 
     @classmethod
     def from_hf(cls, qc: dict[str, Any]) -> "QuantConfig":
@@ -83,12 +92,18 @@ class QuantConfig:
                 raise ValueError("quantization_config: AWQ without zero points is not supported")
             return cls("awq", bits, group, False)
         if method == "gptq":
-            if qc.get("desc_act"):
-                raise ValueError("quantization_config: GPTQ with desc_act (act-order) is not supported")
+            # act-order is fine with static groups (g_idx = i // group_size, which the loader checks);
+            # without them g_idx is a permutation the kernels do not follow
+            if qc.get("desc_act") and not qc.get("static_groups"):
+                raise ValueError("quantization_config: GPTQ with desc_act (act-order) is not supported "
+                                 "without static_groups")
             if qc.get("checkpoint_format", "gptq") != "gptq":
                 raise ValueError(f"quantization_config: GPTQ checkpoint_format {qc.get('checkpoint_format')!r} "
                                  "is not supported (only 'gptq')")
             made_here = str(qc.get("quantizer", "")).removeprefix("inference-")
-            return cls("rtn" if made_here == "rtn" else "gptq", bits, group, bool(qc.get("sym", True)))
+            if made_here == "rtn":
+                return cls("rtn", bits, group, bool(qc.get("sym", True)))
+            return cls("gptq", bits, group, bool(qc.get("sym", True)), act_order=bool(qc.get("desc_act")),
+                       awq_scales=made_here == "awq-gptq")
         raise ValueError(f"quantization_config: quant_method {method!r} is not supported; "
                          "checkpoints in GPTQ or AWQ format are")

@@ -90,7 +90,7 @@ def sparsify_model(model: nn.Module, windows: list[list[int]] | None = None) -> 
     for layer in model.layers:
         stats = cal.stats(layer, list(DECODER_LINEARS), with_hessian=True, sample_rows=0) if cal else None
         for name in DECODER_LINEARS:
-            norms = stats[name].hessian.diagonal().clamp(min=0).sqrt() if stats else None    # ||x_k||
+            norms = stats[name].xtx.diagonal().float().clamp(min=0).sqrt() if stats else None    # ||x_k||
             replace_module(layer, name, SparseLinear(layer.get_submodule(name), norms))
         if cal is not None:
             cal.advance(layer)

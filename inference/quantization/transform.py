@@ -57,12 +57,16 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
     alphas = {}
     desc = f"Quantizing ({cfg.method}, {cfg.bits}-bit)"
     for i, layer in enumerate(tqdm(model.layers, desc=desc, unit="layer", disable=not progress, leave=False)):
+        if cfg.method == "gptq":
+            chosen_alphas = _gptq_layer(layer, model.arch, cal, cfg)
+            if chosen_alphas:
+                alphas[i] = chosen_alphas
+            continue
         stats = None
         if cal is not None:
-            stats = cal.stats(layer, list(DECODER_LINEARS), with_hessian=cfg.method == "gptq",
-                              sample_rows=SAMPLE_ROWS if cfg.method == "awq" else 0)
+            stats = cal.stats(layer, list(DECODER_LINEARS), with_hessian=False, sample_rows=SAMPLE_ROWS)
         if cfg.method == "awq":
-            # AWQ (as AutoAWQ) feeds the next layer the unquantized layer's outputs; GPTQ (below)
+            # AWQ (as AutoAWQ) feeds the next layer the unquantized layer's outputs; GPTQ (above)
             # the quantized one's, so each layer corrects for the error before it
             cal.advance(layer)
             chosen = apply_awq_scales(layer, model.arch, stats, cfg)
@@ -70,12 +74,30 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
             alphas[i] = {name: alpha for name, (alpha, _) in chosen.items()}
         for name in DECODER_LINEARS:
             linear = layer.get_submodule(name)
-            if cfg.method == "gptq":
-                codes, scales, zeros = gptq_quantize(linear.weight, stats[name].hessian, cfg)
-            else:
-                codes, scales, zeros = quantize_rtn(linear.weight, cfg)
+            codes, scales, zeros = quantize_rtn(linear.weight, cfg)
             replace_module(layer, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
-        if cfg.method == "gptq":
-            cal.advance(layer)
     bytes_after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas}
+
+
+def _gptq_layer(layer: nn.Module, arch, cal: LayerwiseCalibration, cfg: QuantConfig) -> dict:
+    """GPTQ on one decoder layer; the next layer's inputs then come from the quantized layer.
+    With cfg.awq_scales, AWQ's scales are searched and folded first (on the same pass's sample
+    rows), and each Hessian follows the scaling: x -> x / s makes H -> H / (s s^T). Returns the
+    AWQ alphas, if any."""
+    stats = cal.stats(layer, list(DECODER_LINEARS), with_hessian=True,
+                      sample_rows=SAMPLE_ROWS if cfg.awq_scales else 0)
+    hessians = {name: stats[name].hessian for name in DECODER_LINEARS}
+    alphas = {}
+    if cfg.awq_scales:
+        chosen = apply_awq_scales(layer, arch, stats, QuantConfig("awq", cfg.bits, cfg.group_size))
+        for name, (alpha, s) in chosen.items():
+            s = s.double()
+            hessians[name] = hessians[name] / (s[:, None] * s[None, :])
+            alphas[name] = alpha
+    for name in DECODER_LINEARS:
+        linear = layer.get_submodule(name)
+        codes, scales, zeros = gptq_quantize(linear.weight, hessians[name], cfg)
+        replace_module(layer, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
+    cal.advance(layer)
+    return alphas

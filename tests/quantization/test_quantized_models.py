@@ -53,13 +53,16 @@ def test_awq_folding_keeps_the_unquantized_function():
     assert torch.allclose(before, after, atol=2e-4, rtol=1e-4), float((before - after).abs().max())
 
 
-@pytest.mark.parametrize("method,bits,group", [("rtn", 8, -1), ("gptq", 4, 32), ("awq", 4, 64)])
-def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group):
-    """quantize -> write the HF-format directory -> load it: the same logits as the model in memory."""
+@pytest.mark.parametrize("method,bits,group,act_order,awq_scales", [
+    ("rtn", 8, -1, False, False), ("gptq", 4, 32, False, False), ("gptq", 4, 64, True, False),
+    ("gptq", 4, 32, True, True), ("awq", 4, 64, False, False)])
+def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group, act_order, awq_scales):
+    """quantize -> write the HF-format directory -> load it: the same logits as the model in memory
+    (act-order too: static groups keep g_idx = i // group_size, which the loader checks)."""
     lm = tiny(2)
     vocab = lm.arch.vocab_size
     calib = [rand_ids(64, s, vocab) for s in range(4)]
-    cfg = QuantConfig(method, bits, group, symmetric=method == "rtn")
+    cfg = QuantConfig(method, bits, group, symmetric=method == "rtn", act_order=act_order, awq_scales=awq_scales)
     quantize_model(lm.model, cfg, None if method == "rtn" else calib, progress=False)
     probe = rand_ids(33, 7, vocab)
     want = forward_logits(lm.model, probe)
@@ -68,10 +71,52 @@ def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group):
     save_quantized(lm.model, cfg, tmp_path, preset_config("tiny-gqa"), None, torch.float32)
     qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == ("awq" if method == "awq" else "gptq") and qc["bits"] == bits
+    if method != "awq":
+        assert qc["desc_act"] == qc["static_groups"] == act_order
+        assert QuantConfig.from_hf(qc) == cfg
+        with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+            g_idx = f.get_tensor("model.layers.0.mlp.down_proj.g_idx").long()
+        assert torch.equal(g_idx, torch.arange(len(g_idx)) // cfg.group_len(len(g_idx)))
     loaded = load_model(ModelConfig(model=str(tmp_path), dtype="float32"))
     assert sum(isinstance(m, QuantLinear) for m in loaded.model.modules()) == 4 * loaded.arch.num_hidden_layers
     got = forward_logits(loaded.model, probe)
     assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
+
+
+def test_awq_scaling_divides_each_hessian_by_s_s():
+    # GPTQ after AWQ reuses the pass's Hessians: x -> x / s must turn H into H / (s s^T) for
+    # every linear, the o_proj (s shared within a KV head's query heads) and down_proj too
+    lm = tiny(5)
+    cal = LayerwiseCalibration(lm.model, [rand_ids(40, s, lm.arch.vocab_size) for s in range(3)])
+    layer = lm.model.layers[0]
+    before = cal.stats(layer, list(DECODER_LINEARS), with_hessian=True, sample_rows=256)
+    chosen = apply_awq_scales(layer, lm.arch, before, QuantConfig("awq", 4, 32))
+    after = cal.stats(layer, list(DECODER_LINEARS), with_hessian=True, sample_rows=0)
+    for name, (_, s) in chosen.items():
+        s = s.double()
+        want = before[name].hessian / (s[:, None] * s[None, :])
+        got = after[name].hessian
+        assert torch.allclose(got, want, rtol=1e-3, atol=1e-5 * float(want.abs().max())), name
+
+
+def test_a_permuted_g_idx_is_a_clear_error(tmp_path):
+    # act-order without static groups (HF GPTQ's desc_act g_idx) is refused, by config and by g_idx
+    lm = tiny(2)
+    cfg = QuantConfig("gptq", 4, 32, act_order=True)
+    quantize_model(lm.model, cfg, [rand_ids(48, s, lm.arch.vocab_size) for s in range(2)], progress=False)
+    from inference.loader.presets import preset_config
+    from inference.quantization.checkpoint import save_quantized
+    save_quantized(lm.model, cfg, tmp_path, preset_config("tiny-gqa"), None, torch.float32)
+    config = json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(ValueError, match="static_groups"):
+        QuantConfig.from_hf({**config["quantization_config"], "static_groups": False})
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(str(path))
+    key = "model.layers.0.mlp.down_proj.g_idx"
+    tensors[key] = tensors[key].flip(0).contiguous()
+    save_file(tensors, str(path))
+    with pytest.raises(ValueError, match="g_idx"):
+        load_model(ModelConfig(model=str(tmp_path), dtype="float32"))
 
 
 def _dequant_from_format(f, prefix: str, qc: dict) -> torch.Tensor:
