@@ -262,10 +262,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: bool | None = None, words: bool | None = None) -> torch.Tensor:
     """q [B, H, D], caches [NB, BS, Hkv, D], block_tables [B, max_blocks] int32, context_lens [B]
     int32 (each >= 1) -> out [B, H, D] in q's dtype. The new token's K/V must already be cached.
-    A float8 cache is read as words of four codes (`words`, the default; False: as float8 tiles):
-    281 vs 420 us at batch 512 x context 192 on the H200, 67% vs 45% of copy (bench/NOTES.md
-    run 32). Default warps / stages:
-    4 / 2, or 2 / 3 for a float8 cache (the leaders of the H200 sweeps at that shape; run 30, 32)."""
+    A float8 cache is read as words of four codes (`words`, the default for a 16-bit q; False:
+    as float8 tiles): 275-310 vs 420 us at batch 512 x context 192 on the H200, 61-69% vs 45% of
+    copy (bench/NOTES.md run 32). Default warps / stages: 4 / 2, or FP8_WARPS_STAGES (2 / 3) for
+    a float8 cache (the leaders of the H200 sweeps at that shape; runs 30, 32)."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "decode_attention", q, k_cache, v_cache)
     batch = q.shape[0]
@@ -290,7 +290,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out                                          # unused
-    words = fp8 if words is None else words and fp8
+    # words by default where the dots already run in 16 bits (a 16-bit q); an fp32 q keeps
+    # the float8 tiles and its fp32 dots
+    words = fp8 and (q.dtype != torch.float32 if words is None else words)
     grid = (batch, num_kv_heads, num_splits)
     common = dict(GROUP=group, G_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, PDL=pdl,
