@@ -16,6 +16,7 @@ its weight from DRAM, not L2 (bench/quant_gpu.py's graph_time); GB/s count the w
 
     python3 bench/gemv_bench.py --out $OUT/gemv.json [--sections pdl,bf16]
     python3 bench/gemv_bench.py --sections quant --out $OUT/gemv_quant.json [--converts 0,1,2,3]
+    python3 bench/gemv_bench.py --sections fp8 --out $OUT/gemv_fp8.json [--tiles 4/2048/2,...]
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from gpu_kernels import log  # noqa: E402
 from quant_gpu import SHAPES, graph_time, quantized_copies  # noqa: E402
 
 import kernels.quant_gemv as quant_gemv_module  # noqa: E402
-from kernels.quant_gemv import gemv, quant_gemv  # noqa: E402
+from kernels.quant_gemv import gemv, gemv_fp8, quant_gemv  # noqa: E402
 from kernels.rms_norm import rms_norm  # noqa: E402
 
 TILES = [(bn, bk, w) for bn in (2, 4, 8) for bk in (512, 1024) for w in (4, 8)]
@@ -161,7 +162,7 @@ def quant_sweep(converts: list[int], tiles: list[tuple[int, int, int]], bit_widt
     return done
 
 
-def bf16_sweep() -> list[dict]:
+def bf16_sweep(sweep_tiles: list[tuple[int, int, int]]) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(3)
     rows = []
     for name, (n, k) in SHAPES.items():
@@ -171,7 +172,7 @@ def bf16_sweep() -> list[dict]:
         t_cublas = graph_time(lambda i: torch.nn.functional.linear(x, ws[i]), copies)
         ref = torch.nn.functional.linear(x.float(), ws[0].float())
         best = None
-        for bn, bk, warps in TILES + [(None, None, None)]:
+        for bn, bk, warps in sweep_tiles + [(None, None, None)]:
             tiles = None if bn is None else (bn, bk)
             try:
                 got = gemv(x, ws[0], tiles=tiles, num_warps=warps).float()
@@ -191,6 +192,47 @@ def bf16_sweep() -> list[dict]:
             f"{d['us']:.1f} us | best {best['us']:.1f} us ({best['GBps']:.0f} GB/s) at "
             f"{best['block_n']}/{best['block_k']}/{best['warps']}")
         ws = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_sweep(tiles: list[tuple[int, int, int]]) -> list[dict]:
+    """The weight-only FP8 GEMV (`gemv_fp8`: e4m3 codes, one fp32 scale a row) at M=1 over a tile
+    sweep on the 7B shapes, bf16 cuBLAS the peer; rel_err against fp32 x @ the dequantized W."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        copies = max(2, int(6e8 // (n * k)))
+        packs = []
+        for _ in range(copies):
+            w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
+            scale = w.abs().amax(1) / 448.0
+            packs.append(((w / scale[:, None]).to(torch.float8_e4m3fn), scale.contiguous(), w.bfloat16()))
+        x = torch.randn(1, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ (packs[0][0].float() * packs[0][1][:, None]).t()
+        t_bf16 = graph_time(lambda i: torch.nn.functional.linear(x, packs[i][2]), copies)
+        best = None
+        for tile in [None] + tiles:
+            bn, bk, warps = tile if tile else (None, None, None)
+            if tile and bn * bk / (32 * warps) > MAX_PRODUCTS_PER_THREAD:
+                continue
+            kw = {"tiles": (bn, bk) if tile else None, "num_warps": warps}
+            try:
+                err = float((gemv_fp8(x, packs[0][0], packs[0][1], **kw).float() - ref).norm() / ref.norm())
+                t = graph_time(lambda i: gemv_fp8(x, packs[i][0], packs[i][1], **kw), copies)
+            except Exception as e:                                         # out of registers
+                log(f"  fp8 {name} {bn}/{bk}/{warps}: {type(e).__name__}: {e}"[:200])
+                continue
+            row = {"shape": name, "n": n, "k": k, "block_n": bn, "block_k": bk, "warps": warps,
+                   "default": tile is None, "us": t * 1e6, "GBps": n * k / t / 1e9, "rel_err": err,
+                   "bf16_us": t_bf16 * 1e6}
+            rows.append(row)
+            if err < 2e-2 and (best is None or t < best["us"] / 1e6):
+                best = row
+        default = next(r for r in rows if r["shape"] == name and r["default"])
+        log(f"fp8 gemv {name}: bf16 cuBLAS {t_bf16 * 1e6:.1f} us | default {default['us']:.1f} us | best "
+            f"{best['us']:.1f} us ({best['GBps']:.0f} GB/s) at {best['block_n']}/{best['block_k']}/{best['warps']}")
+        packs = None
         torch.cuda.empty_cache()
     return rows
 
@@ -233,11 +275,11 @@ def pdl_chains() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_gemv.json"))
-    ap.add_argument("--sections", default="pdl,bf16", help="pdl, bf16, quant")
+    ap.add_argument("--sections", default="pdl,bf16", help="pdl, bf16, quant, fp8")
     ap.add_argument("--converts", default="0,1,2,3", help="quant: kernels/quant_gemv.py CONVERT values")
     ap.add_argument("--bits", default="8,4", help="quant: formats")
     ap.add_argument("--tiles", default=None,
-                    help="quant: BLOCK_N/BLOCK_K/warps list, e.g. 16/1024/4,8/512/2 (default: the 3 x 2 x 3 sweep)")
+                    help="bf16 / fp8 / quant: BLOCK_N/BLOCK_K/warps list, e.g. 16/1024/4,8/512/2 (default: TILES / QUANT_TILES)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     import triton
@@ -246,13 +288,15 @@ def main() -> None:
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
            "commit": git_commit()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    for name, fn in (("pdl", pdl_chains), ("bf16", bf16_sweep)):
+    given = [tuple(int(v) for v in t.split("/")) for t in args.tiles.split(",")] if args.tiles else None
+    for name, fn in (("pdl", pdl_chains), ("bf16", lambda: bf16_sweep(given or TILES)),
+                     ("fp8", lambda: fp8_sweep(given or QUANT_TILES))):
         if name not in sections:
             continue
         res[name] = fn()
         Path(args.out).write_text(json.dumps(res, indent=1))
     if "quant" in sections:
-        tiles = QUANT_TILES if not args.tiles else [tuple(int(v) for v in t.split("/")) for t in args.tiles.split(",")]
+        tiles = given or QUANT_TILES
         quant_sweep([int(c) for c in args.converts.split(",")], tiles, [int(b) for b in args.bits.split(",")],
                     Path(args.out), res)
     Path(args.out).write_text(json.dumps(res, indent=1))

@@ -122,14 +122,18 @@ def random_prompts(n: int, lens: list[int], vocab: int, seed: int) -> list[dict]
     return [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(n_in)]} for n_in in lens[:n]]
 
 
-def weight_bytes_per_token(llm: LLM) -> int:
-    """Bytes a decode step must read per token at batch 1: every weight except the embedding
-    table (one row of it is read), which a tied lm_head does read in full."""
-    model = llm.engine.runner.model
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    emb = model.embed_tokens.weight
-    if model.lm_head is not None:
-        total -= emb.numel() * emb.element_size()
+def step_bytes(model) -> int:
+    """Bytes a batch-1 decode step reads: every weight in its stored form (quantized linears:
+    codes and group parameters; sparse: values and indices) except the embedding table when the
+    LM head is separate (one row of it is read); a tied LM head reads it in full."""
+    total, seen = 0, set()
+    for mod in model.modules():
+        if hasattr(mod, "weight_bytes"):
+            total += mod.weight_bytes()
+            seen.update(id(t) for t in list(mod.parameters()) + list(mod.buffers()))
+    for name, p in model.named_parameters():
+        if id(p) not in seen and not (name.startswith("embed_tokens") and model.lm_head is not None):
+            total += p.numel() * p.element_size()
     return total
 
 
@@ -146,7 +150,7 @@ def decode_bench(llm: LLM, copy_bw: float, vocab: int, n_tokens: int) -> dict:
     rate = statistics.median(rates)
     kv_per_token = arch.kv_bytes_per_token(2)
     mean_ctx = 128 + n_tokens / 2
-    bytes_per_step = weight_bytes_per_token(llm) + kv_per_token * mean_ctx
+    bytes_per_step = step_bytes(llm.engine.runner.model) + kv_per_token * mean_ctx
     roofline = copy_bw / bytes_per_step
     out = {"tok_s": rate, "all_reps": rates, "bytes_per_step": bytes_per_step, "roofline_tok_s": roofline,
            "fraction_of_roofline": rate / roofline, "achieved_GBps": rate * bytes_per_step / 1e9}

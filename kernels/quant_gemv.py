@@ -14,8 +14,8 @@ output to zero and cast):
       acc[n]    += sum_g s[n, g] * (part[n, g] - z[n, g] * sum_k x[k])
 
 BITS=16 streams a plain float weight [N, K] (the model's dtype) through the same loop, no groups:
-`gemv`, the batch-1 path of unquantized linears, 2 rows x 1024 columns per step, which beats
-cuBLAS on every 7B shape at M=1 (bench/NOTES.md run 22: 104.6 vs 119 us per layer).
+`gemv`, the batch-1 path of unquantized linears, 2 rows x 4096 columns per step (2 warps), which
+beats cuBLAS on every 7B shape at M=1 (bench/NOTES.md runs 22 and 35: 100.6 vs 115.7 us a layer).
 
 How codes become numbers (CONVERT, `quant_gemv(..., convert=)`; the int8 / int4 GEMVs are bound
 by instructions, not bytes: bench/NOTES.md runs 16-19):
@@ -185,19 +185,22 @@ def _quant_gemv_kernel(
     tl.store(OUT + m * stride_om + rn, acc.to(OUT.dtype.element_ty), mask=n_mask)
 
 
-def choose_gemv_tiles(n: int, k: int, bits: int) -> tuple[int, int, int]:
+def choose_gemv_tiles(n: int, k: int, bits: int, fp8: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps), the leaders of the H200 sweeps at M=1 for each format's
-    default conversion (bench/NOTES.md runs 16, 19 and 30): bf16 2 rows x 1024 columns; int8
-    (CONVERT 2) 8 rows, 1024-column slabs x 4 warps on the 4096-row shapes and 512 x 2 on the
-    wide ones; int4 (CONVERT 3) 8 x 1024 x 4 up to 4096 rows, 16 x 1024 x 4 to 16k, 16 x 512 x 2
-    beyond."""
-    block_k = min(1024, triton.next_power_of_2(k))
+    default conversion (bench/NOTES.md runs 16, 19, 22, 30 and 35):
+      bf16           2 rows x 4096 columns x 2 warps (100.6 vs 104.0 us a layer for run 22's 2 x 1024 x 4)
+      int8, fp8      4 x 2048 x 2 on every 7B shape: more programs than 8-row tiles and more bytes
+                     in flight a thread (int8 62.0 vs 69.1 us a layer with run 30's 8 x 1024 / 512;
+                     fp8 59.2 vs 73.8 with bf16's tiles)
+      int4           8 x 4096 x 4 up to 4096 rows (o, down: 6.1 / 13.9 vs 7.1 / 17.5 us), 16 x 1024
+                     x 4 on the wide shapes, 16 x 512 x 2 from 16k rows."""
+    if bits == 8 or fp8:
+        return (4, min(2048, triton.next_power_of_2(k)), 2)
     if bits == 16:
-        return (2, block_k, 4)
-    if bits == 8:
-        return (8, block_k, 4) if n <= 4096 else (8, min(512, block_k), 2)
+        return (2, min(4096, triton.next_power_of_2(k)), 2)
     if n <= 4096:
-        return (8, block_k, 4)
+        return (8, min(4096, triton.next_power_of_2(k)), 4)
+    block_k = min(1024, triton.next_power_of_2(k))
     return (16, block_k, 4) if n < 16384 else (16, min(512, block_k), 2)
 
 
@@ -249,7 +252,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     3 wants K % 8 == 0."""
     m, k = x.shape
     n = qweight.shape[0]
-    block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits)
+    block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits, fp8)
     if tiles is not None:
         block_n, block_k = tiles
     per_channel = group_len >= k                 # one group: every slab lies in it
