@@ -14,6 +14,10 @@ no tensor-core tile of 16 rows for one, each assignment streams its expert's row
     gemv up:   grid (T*k, I / BLOCK_N)   act[a, n] = silu(x[t] . w13[e, n]) * (x[t] . w13[e, I + n])
     gemv down: grid (T, H / BLOCK_N)     out[t, n] = sum_j weight[t, j] * act[t*k + j] . w2[e_j, n]
 
+Quantized experts (int8 / int4 QuantExperts) take the dense decode GEMV's loop there instead
+(kernels/quant_gemv.py `_row_sums`: its tiles, one slab of codes a step, its packed code
+conversions), the expert's codes and group parameters offset per assignment.
+
 Every size is fixed by T, k and E, with no host sync: the whole path can be captured in a CUDA
 graph. Assignments whose weight is 0 (the router threshold dropped them) are not computed, and
 their expert rows are not read.
@@ -26,6 +30,7 @@ import triton.language as tl
 
 from kernels.activation import silu_and_mul
 from kernels.moe_routing import align_assignments
+from kernels.quant_gemv import _row_sums, gemv_config
 from kernels.triton_utils import (
     dot,
     dot_fp32,
@@ -153,10 +158,8 @@ def _grouped_gemm(a, b, out, weights, sorted_ids, block_expert, top_k: int, per_
 @triton.jit
 def _gemv_up_kernel(
     X, W13, ACT, WEIGHTS, IDS,  # x [T, H], w13 [E, 2I, H], act [T*k, I] out, weights / ids [T*k]
-    S13, Z13,                   # BITS: w13's codes' [E, 2I, G] scales / zeros
-    I, H, stride_xm, stride_we, stride_wn, stride_am, stride_se, stride_sn,  # noqa: E741
+    I, H, stride_xm, stride_we, stride_wn, stride_am,  # noqa: E741
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    BITS: tl.constexpr, GROUP_LEN: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     a = tl.program_id(0).to(tl.int64)
@@ -167,12 +170,8 @@ def _gemv_up_kernel(
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < I
     x_row = X + (a // TOP_K) * stride_xm
-    g_off = expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn                # [BLOCK_N, 1]
-    u_off = g_off + I * stride_wn
-    g_rows = W13 + g_off
-    u_rows = W13 + u_off
-    gs_off = expert * stride_se + rn.to(tl.int64)[:, None] * stride_sn
-    us_off = gs_off + I * stride_sn
+    g_rows = W13 + expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn            # [BLOCK_N, 1]
+    u_rows = g_rows + I * stride_wn
     acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -180,12 +179,8 @@ def _gemv_up_kernel(
         k_mask = rk < H
         x = tl.load(x_row + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]    # [1, BLOCK_K]
         m = n_mask[:, None] & k_mask[None, :]
-        if BITS == 0:
-            g = tl.load(g_rows + rk[None, :], mask=m, other=0.0)
-            u = tl.load(u_rows + rk[None, :], mask=m, other=0.0)
-        else:
-            g = _dequant(W13, S13, Z13, g_off, gs_off, rk[None, :], m, BITS, GROUP_LEN)
-            u = _dequant(W13, S13, Z13, u_off, us_off, rk[None, :], m, BITS, GROUP_LEN)
+        g = tl.load(g_rows + rk[None, :], mask=m, other=0.0)
+        u = tl.load(u_rows + rk[None, :], mask=m, other=0.0)
         acc_g += tl.sum(g.to(tl.float32) * x, 1)
         acc_u += tl.sum(u.to(tl.float32) * x, 1)
     grid_dependency_launch(PDL)
@@ -196,10 +191,8 @@ def _gemv_up_kernel(
 @triton.jit
 def _gemv_down_kernel(
     ACT, W2, OUT, WEIGHTS, IDS,  # act [T*k, I], w2 [E, H, I], out [T, H], weights / ids [T*k]
-    S2, Z2,                      # BITS: w2's codes' [E, H, G] scales / zeros
-    H, I, stride_am, stride_we, stride_wn, stride_om, stride_se, stride_sn,  # noqa: E741
+    H, I, stride_am, stride_we, stride_wn, stride_om,  # noqa: E741
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    BITS: tl.constexpr, GROUP_LEN: tl.constexpr,
 ):
     grid_dependency_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -211,21 +204,69 @@ def _gemv_down_kernel(
         weight = tl.load(WEIGHTS + a)
         k_end = tl.where(weight != 0, I, 0)     # dropped: every load masked off, no bytes read
         expert = tl.load(IDS + a).to(tl.int64)
-        w_off = expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn
-        s_off = expert * stride_se + rn.to(tl.int64)[:, None] * stride_sn
+        w_rows = W2 + expert * stride_we + rn.to(tl.int64)[:, None] * stride_wn
         act_row = ACT + a * stride_am
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_mask = rk < k_end
             x = tl.load(act_row + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-            m = n_mask[:, None] & k_mask[None, :]
-            if BITS == 0:
-                w = tl.load(W2 + w_off + rk[None, :], mask=m, other=0.0)
-            else:
-                w = _dequant(W2, S2, Z2, w_off, s_off, rk[None, :], m, BITS, GROUP_LEN)
+            w = tl.load(w_rows + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * x, 1)
         out += weight * acc
+    grid_dependency_launch(PDL)
+    tl.store(OUT + t * stride_om + rn, out.to(OUT.dtype.element_ty), mask=n_mask)
+
+
+# ---- GEMV path over quantized experts: the dense decode GEMV's loop (kernels/quant_gemv.py) ----
+@triton.jit
+def _qgemv_up_kernel(
+    X, QW, S, Z, ACT, WEIGHTS, IDS,   # x [T, H], codes [E, 2I, H'], scales / zeros [E, 2I, G], act [T*k, I]
+    I, H, group_len, num_groups, stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_am,  # noqa: E741
+    TOP_K: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_TILE: tl.constexpr, CONVERT: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
+):
+    """act[a, n] = silu(x . gate row n) * (x . up row n) of assignment a's expert: one program
+    streams BLOCK_N gate rows, then the BLOCK_N up rows I below them."""
+    grid_dependency_wait(PDL)
+    a = tl.program_id(0).to(tl.int64)
+    if tl.load(WEIGHTS + a) == 0:       # dropped by the threshold: nothing reads its act row
+        grid_dependency_launch(PDL)
+        return
+    expert = tl.load(IDS + a).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < I
+    x_row = X + (a // TOP_K) * stride_xm
+    qw, s, z = QW + expert * stride_qe, S + expert * stride_se, Z + expert * stride_se
+    g = _row_sums(x_row, qw, s, z, rn, n_mask, H, group_len, num_groups, stride_qn, stride_sn,
+                  BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE, False)
+    u = _row_sums(x_row, qw, s, z, rn + I, n_mask, H, group_len, num_groups, stride_qn, stride_sn,
+                  BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE, False)
+    grid_dependency_launch(PDL)
+    tl.store(ACT + a * stride_am + rn, (g * tl.sigmoid(g) * u).to(ACT.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _qgemv_down_kernel(
+    ACT, QW, S, Z, OUT, WEIGHTS, IDS,  # act [T*k, I], codes [E, H, I'], scales / zeros [E, H, G], out [T, H]
+    H, I, group_len, num_groups, stride_am, stride_qe, stride_qn, stride_se, stride_sn, stride_om,  # noqa: E741
+    TOP_K: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_TILE: tl.constexpr, CONVERT: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr,
+):
+    """out[t, n] = sum_j weight[t, j] * act[t*k + j] . row n of expert e_j (dropped ones: not read)."""
+    grid_dependency_wait(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < H
+    out = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        a = t * TOP_K + j
+        weight = tl.load(WEIGHTS + a)
+        if weight != 0:
+            expert = tl.load(IDS + a).to(tl.int64)
+            out += weight * _row_sums(ACT + a * stride_am, QW + expert * stride_qe, S + expert * stride_se,
+                                      Z + expert * stride_se, rn, n_mask, I, group_len, num_groups, stride_qn,
+                                      stride_sn, BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE, False)
     grid_dependency_launch(PDL)
     tl.store(OUT + t * stride_om + rn, out.to(OUT.dtype.element_ty), mask=n_mask)
 
@@ -238,19 +279,36 @@ def _experts_gemv(x, w13, w2, weights, ids, block_n: int = 2, num_warps: int = 4
     flat_ids = ids.flatten().contiguous()
     pdl = use_pdl(x, pdl)
     act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)         # [T*k, I]
-    c13, s13, z13, bits, g13 = _weight_operands(w13)
-    _gemv_up_kernel[(t * top_k, triton.cdiv(inter, block_n))](
-        x, c13, act, flat_w, flat_ids, s13, z13, inter, h, x.stride(0), c13.stride(0), c13.stride(1), act.stride(0),
-        s13.stride(0), s13.stride(1),
-        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(h)), PDL=pdl, BITS=bits,
-        GROUP_LEN=g13, num_warps=num_warps, **pdl_options(pdl))
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)                     # [T, H]
-    c2, s2, z2, bits, g2 = _weight_operands(w2)
+    if not isinstance(w13, torch.Tensor):
+        return _quant_experts_gemv(x, w13, w2, flat_w, flat_ids, top_k, act, out, pdl)
+    _gemv_up_kernel[(t * top_k, triton.cdiv(inter, block_n))](
+        x, w13, act, flat_w, flat_ids, inter, h, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(h)), PDL=pdl,
+        num_warps=num_warps, **pdl_options(pdl))
     _gemv_down_kernel[(t, triton.cdiv(h, block_n))](
-        act, c2, out, flat_w, flat_ids, s2, z2, h, inter, act.stride(0), c2.stride(0), c2.stride(1), out.stride(0),
-        s2.stride(0), s2.stride(1),
-        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(inter)), PDL=pdl, BITS=bits,
-        GROUP_LEN=g2, num_warps=num_warps, **pdl_options(pdl))
+        act, w2, out, flat_w, flat_ids, h, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(inter)), PDL=pdl,
+        num_warps=num_warps, **pdl_options(pdl))
+    return out
+
+
+def _quant_experts_gemv(x, q13, q2, flat_w, flat_ids, top_k: int, act, out, pdl: bool):
+    """The GEMV path over QuantExperts: the dense decode GEMV's tiles and code conversions
+    (kernels/quant_gemv.py gemv_config) for I rows of H (up) and H rows of I (down)."""
+    t, h = x.shape
+    inter = act.shape[1]
+    emulate = x.device.type != "cuda"
+    cfg = gemv_config(inter, h, q13.bits, q13.group_len, q13.qweight, x.dtype)
+    _qgemv_up_kernel[(t * top_k, triton.cdiv(inter, cfg["BLOCK_N"]))](
+        x, q13.qweight, q13.scales, q13.zeros, act, flat_w, flat_ids, inter, h, q13.group_len, q13.scales.shape[2],
+        x.stride(0), q13.qweight.stride(0), q13.qweight.stride(1), q13.scales.stride(0), q13.scales.stride(1),
+        act.stride(0), TOP_K=top_k, EMULATE=emulate, PDL=pdl, **cfg, **pdl_options(pdl))
+    cfg = gemv_config(h, inter, q2.bits, q2.group_len, q2.qweight, x.dtype)
+    _qgemv_down_kernel[(t, triton.cdiv(h, cfg["BLOCK_N"]))](
+        act, q2.qweight, q2.scales, q2.zeros, out, flat_w, flat_ids, h, inter, q2.group_len, q2.scales.shape[2],
+        act.stride(0), q2.qweight.stride(0), q2.qweight.stride(1), q2.scales.stride(0), q2.scales.stride(1),
+        out.stride(0), TOP_K=top_k, EMULATE=emulate, PDL=pdl, **cfg, **pdl_options(pdl))
     return out
 
 

@@ -140,6 +140,43 @@ def _group_sums(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, st
 
 
 @triton.jit
+def _row_sums(x_row, QW, S, Z, rn, n_mask, K, group_len, num_groups, stride_qn, stride_sn,
+              BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_TILE: tl.constexpr,
+              CONVERT: tl.constexpr, EMULATE: tl.constexpr, FP8: tl.constexpr):
+    """sum_k x[k] * W[n, k] in fp32 for the rows rn [BLOCK_N] of one weight: codes QW [N, K'],
+    group parameters S / Z [N, G] (per row for FP8); the loop of `_quant_gemv_kernel`, shared with
+    the quantized experts' GEMVs (kernels/fused_moe.py)."""
+    q_rows = QW + rn.to(tl.int64)[:, None] * stride_qn                       # [BLOCK_N, 1]
+    w_rows = q_rows
+    if CONVERT == 3:                                                         # words of 8 codes
+        if BITS == 8:
+            w_rows = QW.to(tl.pointer_type(tl.int64)) + rn.to(tl.int64)[:, None] * (stride_qn // 8)
+        else:
+            w_rows = QW.to(tl.pointer_type(tl.int32)) + rn.to(tl.int64)[:, None] * (stride_qn // 4)
+    x_scale = 1.0
+    x_unscale = 1.0
+    if CONVERT == 3:                       # gemv_codes.HFMA2_X_MAX_LOG2: a lane of 4 products fits fp16
+        x_scale, x_unscale = _x_pow2_scale(x_row, K, BLOCK_K, 9 if BITS == 4 else 5)
+    # Tried on the H200 (bench/NOTES.md runs 17-18, 35): an element-wise accumulator summed once
+    # after the loop (holds BLOCK_N x BLOCK_K fp32 and spills: 2x slower), int-to-float replaced
+    # by the 2^23 mantissa trick (3-7% slower), the next slab's codes loaded before this slab's
+    # products (up to 1.3x slower). Each slab's products are summed as it arrives. Loading the
+    # first slab's codes before the PDL wait made no difference: run 27.
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        codes = _load_codes(q_rows, w_rows, k0, K, n_mask, BITS, BLOCK_K, CONVERT)
+        if FP8:
+            codes = codes.to(tl.float8e4nv, bitcast=True)
+        acc += _slab(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_sn, x_scale,
+                     BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE)
+    if CONVERT == 3:
+        acc = acc * x_unscale
+    if FP8:
+        acc = acc * tl.load(S + rn, mask=n_mask, other=0.0)
+    return acc
+
+
+@triton.jit
 def _quant_gemv_kernel(
     X, QW, S, Z, OUT, N, K, group_len, num_groups,
     stride_xm, stride_qn, stride_sn, stride_om,
@@ -152,35 +189,9 @@ def _quant_gemv_kernel(
     m = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
-    x_row = X + m * stride_xm
-    q_rows = QW + rn.to(tl.int64)[:, None] * stride_qn                       # [BLOCK_N, 1]
-    w_rows = q_rows
-    if CONVERT == 3:                                                         # words of 8 codes
-        if BITS == 8:
-            w_rows = QW.to(tl.pointer_type(tl.int64)) + rn.to(tl.int64)[:, None] * (stride_qn // 8)
-        else:
-            w_rows = QW.to(tl.pointer_type(tl.int32)) + rn.to(tl.int64)[:, None] * (stride_qn // 4)
     grid_dependency_wait(PDL)
-    x_scale = 1.0
-    x_unscale = 1.0
-    if CONVERT == 3:                       # gemv_codes.HFMA2_X_MAX_LOG2: a lane of 4 products fits fp16
-        x_scale, x_unscale = _x_pow2_scale(x_row, K, BLOCK_K, 9 if BITS == 4 else 5)
-    # Tried on the H200 (bench/NOTES.md runs 17-18): an element-wise accumulator summed once after
-    # the loop (holds BLOCK_N x BLOCK_K fp32 and spills: 2x slower) and int-to-float replaced by
-    # the 2^23 mantissa trick (3-7% slower). Each slab's products are summed as it arrives.
-    # Loading the first slab's codes before the PDL wait (they do not depend on the previous
-    # kernel) made no difference: bench/NOTES.md run 27.
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        codes = _load_codes(q_rows, w_rows, k0, K, n_mask, BITS, BLOCK_K, CONVERT)
-        if FP8:
-            codes = codes.to(tl.float8e4nv, bitcast=True)
-        acc += _slab(codes, k0, x_row, K, S, Z, rn, n_mask, group_len, num_groups, stride_sn, x_scale,
-                     BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE)
-    if CONVERT == 3:
-        acc = acc * x_unscale
-    if FP8:
-        acc = acc * tl.load(S + rn, mask=n_mask, other=0.0)
+    acc = _row_sums(X + m * stride_xm, QW, S, Z, rn, n_mask, K, group_len, num_groups, stride_qn, stride_sn,
+                    BITS, BLOCK_N, BLOCK_K, GROUP_TILE, CONVERT, EMULATE, FP8)
     grid_dependency_launch(PDL)        # late: the next kernel's programs only overlap this one's tail
     tl.store(OUT + m * stride_om + rn, acc.to(OUT.dtype.element_ty), mask=n_mask)
 
@@ -222,7 +233,8 @@ def choose_convert(bits: int, k: int, block_k: int, group_tile: int, qweight: to
 def _words_fit(bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor) -> bool:
     """Whether CONVERT 3's 8-code words (int8: 8 bytes, int4: 4) tile the rows, slabs and groups."""
     word = 8 if bits == 8 else 4
-    return not (k % 8 or block_k % 8 or group_tile % 8 or qweight.stride(0) % word or qweight.data_ptr() % word)
+    strides = qweight.stride()[:-1]              # rows (and experts, for stacked [E, N, K'] codes)
+    return not (k % 8 or block_k % 8 or group_tile % 8 or any(st % word for st in strides) or qweight.data_ptr() % word)
 
 
 def check_convert(convert: int, bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor) -> None:
@@ -252,6 +264,23 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     3 wants K % 8 == 0."""
     m, k = x.shape
     n = qweight.shape[0]
+    cfg = gemv_config(n, k, bits, group_len, qweight, x.dtype, tiles, num_warps, convert, fp8)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (m, triton.cdiv(n, cfg["BLOCK_N"]))
+    pdl = use_pdl(x, pdl)
+    _quant_gemv_kernel[grid](
+        x, qweight, scales, zeros, out, n, k, group_len, scales.shape[1],
+        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        EMULATE=x.device.type != "cuda", PDL=pdl, FP8=fp8, **cfg, **pdl_options(pdl))
+    return out
+
+
+def gemv_config(n: int, k: int, bits: int, group_len: int, qweight: torch.Tensor, x_dtype: torch.dtype,
+                tiles: tuple[int, int] | None = None, num_warps: int | None = None, convert: int | None = None,
+                fp8: bool = False) -> dict:
+    """The GEMV's launch constants for N rows of K columns (BITS, BLOCK_N, BLOCK_K, GROUP_TILE,
+    CONVERT, num_warps): the defaults of choose_gemv_tiles / choose_convert, or the given ones,
+    checked. group_len >= k means one group a row (per channel)."""
     block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits, fp8)
     if tiles is not None:
         block_n, block_k = tiles
@@ -260,19 +289,11 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     if not per_channel and (block_k % group_tile or group_len % group_tile):
         raise ValueError(f"quant_gemv: BLOCK_K {block_k} and the group length {group_len} must nest")
     if convert is None:
-        convert = choose_convert(bits, k, block_k, group_tile, qweight, x.dtype)
+        convert = choose_convert(bits, k, block_k, group_tile, qweight, x_dtype)
     else:
         check_convert(convert, bits, k, block_k, group_tile, qweight)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (m, triton.cdiv(n, block_n))
-    pdl = use_pdl(x, pdl)
-    _quant_gemv_kernel[grid](
-        x, qweight, scales, zeros, out, n, k, group_len, scales.shape[1],
-        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
-        BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_TILE=group_tile,
-        CONVERT=convert, EMULATE=x.device.type != "cuda", PDL=pdl, FP8=fp8,
-        num_warps=num_warps or default_warps, **pdl_options(pdl))
-    return out
+    return {"BITS": bits, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_TILE": group_tile, "CONVERT": convert,
+            "num_warps": num_warps or default_warps}
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int] | None = None,

@@ -63,6 +63,26 @@ def test_quantized_experts_match_the_reference(bits, group, gemv):
     assert (got - full).abs().max() < (0.05 if bits == 8 else 0.3) * full.abs().max()
 
 
+@pytest.mark.parametrize("bits,group", [(8, -1), (4, 32), (4, 128)])
+def test_quantized_experts_gemv_with_16_bit_activations(bits, group):
+    """bf16 activations take the dense GEMV's packed conversions (int8 CONVERT 2, int4 CONVERT 3;
+    on the CPU their bit operations as Triton ops): against the fp32 reference over the same codes."""
+    import copy
+
+    from inference.quantization.config import QuantConfig
+    from inference.quantization.moe_experts import QuantExperts
+    from kernels.quant_gemv import gemv_config
+    x, w13, w2, weights, ids = _case(2, 256, 128, 4, 2, torch.bfloat16, 0.3, bits)
+    cfg = QuantConfig(method="rtn", bits=bits, group_size=group)
+    q13, q2 = QuantExperts(w13, cfg).to(DEVICE), QuantExperts(w2, cfg).to(DEVICE)
+    assert gemv_config(128, 256, bits, q13.group_len, q13.qweight, x.dtype)["CONVERT"] == (2 if bits == 8 else 3)
+    got = fused_experts(x, q13, q2, weights, ids, gemv=True).float()
+    r13, r2 = copy.copy(q13), copy.copy(q2)          # the same codes, dequantized in fp32
+    r13.dtype = r2.dtype = torch.float32
+    want = experts_reference(x.float(), r13, r2, weights, ids)
+    assert float((got - want).norm() / want.norm()) < 1e-2
+
+
 @pytest.mark.parametrize("t,e,k,renormalize,threshold", [(1, 8, 2, True, 0.0), (7, 8, 2, True, 0.3),
                                                          (5, 6, 3, False, 0.2), (4, 60, 4, False, 0.0)])
 def test_router_kernel_matches_route_and_counts(t, e, k, renormalize, threshold):
