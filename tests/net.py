@@ -1,8 +1,11 @@
 """Loopback helpers for tests that start real servers."""
 from __future__ import annotations
 
+import ctypes
+import signal
 import socket
 import subprocess
+import sys
 
 
 def free_port() -> int:
@@ -20,3 +23,11 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def die_with_parent() -> None:
+    """Popen's preexec_fn: on Linux the child gets SIGTERM when the thread that started it exits,
+    so a test run that is killed (no fixture teardown) leaves no server behind. A leftover Celery
+    worker on the tests' Redis takes the next run's jobs and runs them with its own settings."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG

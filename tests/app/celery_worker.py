@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.net import stop_process
+from tests.net import die_with_parent, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,8 @@ def start_worker(env: dict[str, str], capture: bool = True) -> subprocess.Popen:
     out = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
                              "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                            cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT if capture else out, text=True)
+                            cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT if capture else out, text=True,
+                            preexec_fn=die_with_parent)     # a killed test run leaves no worker behind
 
 
 def stop_worker(proc: subprocess.Popen) -> None:
