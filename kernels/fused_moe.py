@@ -30,7 +30,7 @@ import triton.language as tl
 
 from kernels.activation import silu_and_mul
 from kernels.moe_routing import align_assignments
-from kernels.quant_gemv import _row_sums, gemv_config
+from kernels.quant_gemv import INTERPRETER_ROWS, _row_sums, gemv_config
 from kernels.triton_utils import (
     dot,
     dot_fp32,
@@ -271,8 +271,10 @@ def _qgemv_down_kernel(
     tl.store(OUT + t * stride_om + rn, out.to(OUT.dtype.element_ty), mask=n_mask)
 
 
-def _experts_gemv(x, w13, w2, weights, ids, block_n: int = 2, num_warps: int = 4, pdl: bool | None = None):
+def _experts_gemv(x, w13, w2, weights, ids, block_n: int | None = None, num_warps: int = 4, pdl: bool | None = None):
     t, h = x.shape
+    if block_n is None:                 # 2 rows on the GPU; the interpreter wants few, large programs
+        block_n = 2 if x.device.type == "cuda" else INTERPRETER_ROWS
     two_i = w13.shape[1]
     inter, top_k = two_i // 2, ids.shape[1]
     flat_w = weights.flatten().float().contiguous()

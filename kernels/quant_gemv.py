@@ -61,6 +61,9 @@ from kernels.triton_utils import (
 GEMV_MAX_ROWS = 2
 
 CONVERTS = (0, 1, 2, 3)
+# Rows a program under the interpreter (the CPU tests): the GPU's 2-16 rows made a tiny model's
+# LM head 16k programs a step there, ~85% of the kernel-path tests' time.
+INTERPRETER_ROWS = 64
 
 @triton.jit
 def _load_codes(q_rows, w_rows, k0, K, n_mask, BITS: tl.constexpr, BLOCK_K: tl.constexpr, CONVERT: tl.constexpr):
@@ -280,10 +283,14 @@ def gemv_config(n: int, k: int, bits: int, group_len: int, qweight: torch.Tensor
                 fp8: bool = False) -> dict:
     """The GEMV's launch constants for N rows of K columns (BITS, BLOCK_N, BLOCK_K, GROUP_TILE,
     CONVERT, num_warps): the defaults of choose_gemv_tiles / choose_convert, or the given ones,
-    checked. group_len >= k means one group a row (per channel)."""
+    checked. group_len >= k means one group a row (per channel). Under the interpreter (codes
+    off the GPU) the default tiles take INTERPRETER_ROWS rows: each program there costs
+    milliseconds of Python, whatever its size."""
     block_n, block_k, default_warps = choose_gemv_tiles(n, k, bits, fp8)
     if tiles is not None:
         block_n, block_k = tiles
+    elif qweight.device.type != "cuda":
+        block_n = max(block_n, min(INTERPRETER_ROWS, triton.next_power_of_2(n)))
     per_channel = group_len >= k                 # one group: every slab lies in it
     group_tile = block_k if per_channel else min(group_len, block_k)
     if not per_channel and (block_k % group_tile or group_len % group_tile):
