@@ -229,9 +229,11 @@ def fp8_sweep(tiles: list[tuple[int, int, int]]) -> list[dict]:
             rows.append(row)
             if err < 2e-2 and (best is None or t < best["us"] / 1e6):
                 best = row
-        default = next(r for r in rows if r["shape"] == name and r["default"])
-        log(f"fp8 gemv {name}: bf16 cuBLAS {t_bf16 * 1e6:.1f} us | default {default['us']:.1f} us | best "
-            f"{best['us']:.1f} us ({best['GBps']:.0f} GB/s) at {best['block_n']}/{best['block_k']}/{best['warps']}")
+        default = next((r for r in rows if r["shape"] == name and r["default"]), None)
+        log(f"fp8 gemv {name}: bf16 cuBLAS {t_bf16 * 1e6:.1f} us | default "
+            + (f"{default['us']:.1f} us" if default else "failed") + " | best "
+            + (f"{best['us']:.1f} us ({best['GBps']:.0f} GB/s) at {best['block_n']}/{best['block_k']}/{best['warps']}"
+               if best else "none within tolerance"))
         packs = None
         torch.cuda.empty_cache()
     return rows

@@ -181,7 +181,7 @@ def _row_sums(x_row, QW, S, Z, rn, n_mask, K, group_len, num_groups, stride_qn, 
 
 @triton.jit
 def _quant_gemv_kernel(
-    X, QW, S, Z, OUT, N, K, group_len, num_groups,
+    X, QW, S, Z, OUT, M, N, K, group_len, num_groups,
     stride_xm, stride_qn, stride_sn, stride_om,
     BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_TILE: tl.constexpr,
     CONVERT: tl.constexpr,      # how codes become numbers (module docstring); 0 for BITS=16
@@ -189,8 +189,12 @@ def _quant_gemv_kernel(
     PDL: tl.constexpr,          # launched as a programmatic dependent launch (kernels/triton_utils.py)
     FP8: tl.constexpr,          # BITS 16 with e4m3 codes (passed as bytes), the sums times S[n]
 ):
-    m = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # one grid axis (a y / z axis stops at 65535 blocks: a 152k-row LM head at 2 rows a program
+    # needs 76k), rows of x fastest so that the M programs of a weight block run side by side and
+    # the second one reads it from L2
+    pid = tl.program_id(0)
+    m = (pid % M).to(tl.int64)
+    rn = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     grid_dependency_wait(PDL)
     acc = _row_sums(X + m * stride_xm, QW, S, Z, rn, n_mask, K, group_len, num_groups, stride_qn, stride_sn,
@@ -269,10 +273,10 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     n = qweight.shape[0]
     cfg = gemv_config(n, k, bits, group_len, qweight, x.dtype, tiles, num_warps, convert, fp8)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (m, triton.cdiv(n, cfg["BLOCK_N"]))
+    grid = (m * triton.cdiv(n, cfg["BLOCK_N"]),)
     pdl = use_pdl(x, pdl)
     _quant_gemv_kernel[grid](
-        x, qweight, scales, zeros, out, n, k, group_len, scales.shape[1],
+        x, qweight, scales, zeros, out, m, n, k, group_len, scales.shape[1],
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
         EMULATE=x.device.type != "cuda", PDL=pdl, FP8=fp8, **cfg, **pdl_options(pdl))
     return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -25,9 +26,21 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
         proc.wait(timeout=10)
 
 
-def die_with_parent() -> None:
-    """Popen's preexec_fn: on Linux the child gets SIGTERM when the thread that started it exits,
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """A preexec_fn for Popen: on Linux the child is killed when the thread that started it exits,
     so a test run that is killed (no fixture teardown) leaves no server behind. A leftover Celery
-    worker on the tests' Redis takes the next run's jobs and runs them with its own settings."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+    worker on the tests' Redis takes the next run's jobs and runs them with its own settings.
+    prctl is looked up at import and the parent's pid taken here, so the forked child only calls
+    prctl and getppid (and exits if its parent died before the prctl took hold)."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+    return preexec

@@ -12,6 +12,7 @@ the interpreter); a no-op where the interpreter's internals differ from what it 
 from __future__ import annotations
 
 import inspect
+import threading
 
 
 class _NoPatch:
@@ -29,7 +30,7 @@ def skip_repatching() -> bool:
     patch_lang, grid_call = getattr(ti, "_patch_lang", None), getattr(ti.GridExecutor, "__call__", None)
     if patch_lang is None or grid_call is None or getattr(patch_lang, "_skips_repatching", False):
         return False
-    launches: list[set[int]] = []                 # per active launch: ids of the modules it patched
+    local = threading.local()                     # .launches: per active launch, the modules it patched
     lang_ids: dict[int, set[int]] = {}
 
     def langs_of(fn) -> set[int]:
@@ -40,6 +41,7 @@ def skip_repatching() -> bool:
         return lang_ids[key]
 
     def patched_once(fn):
+        launches = getattr(local, "launches", None)
         langs = langs_of(fn)
         if launches and langs and langs <= launches[-1]:
             return _NoPatch()
@@ -49,11 +51,13 @@ def skip_repatching() -> bool:
         return scope
 
     def launch(self, *args, **kwargs):
-        launches.append(set())
+        if not hasattr(local, "launches"):
+            local.launches = []
+        local.launches.append(set())
         try:
             return grid_call(self, *args, **kwargs)
         finally:
-            launches.pop()
+            local.launches.pop()
 
     patched_once._skips_repatching = True
     ti._patch_lang = patched_once

@@ -20,7 +20,7 @@ def start_worker(env: dict[str, str], capture: bool = True) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "app.worker", "worker", "--pool=solo",
                              "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
                             cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT if capture else out, text=True,
-                            preexec_fn=die_with_parent)     # a killed test run leaves no worker behind
+                            preexec_fn=die_with_parent())     # a killed test run leaves no worker behind
 
 
 def stop_worker(proc: subprocess.Popen) -> None:

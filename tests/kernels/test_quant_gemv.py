@@ -250,3 +250,21 @@ def test_gemv_variants_real_shapes(bits, group, n, k, outlier):
             out = out.float()
             assert float((out - ref).norm() / ref.norm()) < TOL[torch.bfloat16], (convert, pdl)
             assert float((out - base).norm() / base.norm()) < tol_vs_base, (convert, pdl)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device (the interpreter has no grid limits)")
+@pytest.mark.gpu
+@pytest.mark.usefixtures("nan_filled_empty")
+@pytest.mark.parametrize("m", [1, 2])
+def test_more_row_blocks_than_a_y_grid_axis_holds(m):
+    """A 152k-vocabulary LM head at batch 1-2 (Qwen2.5's): 76k blocks of 2 rows, past the 65535
+    blocks a CUDA y / z grid axis takes; every row computed (the outputs start as NaN). The grid's
+    index arithmetic (row of x fastest) runs in every CPU case with M > 1 above."""
+    n, k = 152064, 128
+    gen = torch.Generator(device=DEVICE).manual_seed(m)
+    w = (torch.randn(n, k, generator=gen, device=DEVICE) * 0.1).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(torch.bfloat16)
+    got = qg.gemv(x, w).float()
+    want = x.float() @ w.float().t()
+    assert not got.isnan().any()                                  # no row block left unwritten
+    assert float((got - want).norm() / want.norm()) < TOL[torch.bfloat16]
