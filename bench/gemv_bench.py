@@ -17,6 +17,7 @@ its weight from DRAM, not L2 (bench/quant_gpu.py's graph_time); GB/s count the w
     python3 bench/gemv_bench.py --out $OUT/gemv.json [--sections pdl,bf16]
     python3 bench/gemv_bench.py --sections quant --out $OUT/gemv_quant.json [--converts 0,1,2,3]
     python3 bench/gemv_bench.py --sections fp8 --out $OUT/gemv_fp8.json [--tiles 4/2048/2,...]
+    python3 bench/gemv_bench.py --sections fused --out $OUT/gemv_fused.json [--tiles 2/4096/2,...]
 """
 from __future__ import annotations
 
@@ -196,6 +197,59 @@ def bf16_sweep(sweep_tiles: list[tuple[int, int, int]]) -> list[dict]:
     return rows
 
 
+FUSED_TILES = [(bn, bk, w) for bn in (2, 4, 8) for bk in (1024, 2048, 4096) for w in (2, 4)
+               if bn * bk // (32 * w) <= MAX_PRODUCTS_PER_THREAD]
+
+
+def fused_sweep(tiles: list[tuple[int, int, int]]) -> list[dict]:
+    """The fused decode GEMVs (kernels/gemv_fused.py) on the 7B's bf16 shapes at M=1, each with its
+    layer's epilogue (qkv: norm scale + RoPE + KV write; o / down: residual + squares; gate_up:
+    norm scale + SiLU over paired rows), over a tile sweep; the plain GEMV at its default tiles
+    is the peer on the same weights."""
+    from kernels.gemv_fused import STATS_LANES, GemvWeight, RopeKV, gemv_residual, gemv_rope_kv, gemv_silu
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dev = "cuda"
+    stats = torch.rand(1, STATS_LANES, dtype=torch.float64, device=dev) * 100
+    out_rows = []
+    for name, (n, k) in SHAPES.items():
+        copies = max(2, int(6e8 // (n * k * 2)))
+        ws = [torch.randn(n, k, generator=gen, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(1, k, generator=gen, device=dev, dtype=torch.bfloat16)
+        residual = torch.zeros(1, n, device=dev, dtype=torch.bfloat16)
+        stats_out = torch.zeros(1, STATS_LANES, dtype=torch.float64, device=dev)
+        cache = torch.zeros(8, 16, 32, 128, device=dev, dtype=torch.bfloat16)
+        cos_sin = torch.rand(64, 128, device=dev)
+        rope = RopeKV(torch.tensor([3], device=dev), cos_sin, cache, cache.clone(), torch.tensor([17], device=dev),
+                      32, 32, cos_sin[3:4].contiguous())
+
+        def fused(i, t):
+            w = GemvWeight.plain(ws[i])
+            if name == "qkv":
+                return gemv_rope_kv(x, w, stats, 1e-5, rope, tiles=t)
+            if name == "gate_up":
+                return gemv_silu(x, w, stats, 1e-5, tiles=t)
+            return gemv_residual(x, w, residual, stats_out, tiles=t)
+        t_plain = graph_time(lambda i: gemv(x, ws[i]), copies)
+        best = None
+        for cfg in tiles + [None]:
+            try:
+                t = graph_time(lambda i: fused(i, cfg), copies)
+            except Exception as e:                                         # out of registers / shared memory
+                log(f"  fused {name} {cfg}: {type(e).__name__}: {e}"[:200])
+                continue
+            row = {"shape": name, "n": n, "k": k, "tiles": cfg, "default": cfg is None, "us": t * 1e6,
+                   "GBps": n * k * 2 / t / 1e9, "plain_gemv_us": t_plain * 1e6}
+            out_rows.append(row)
+            if cfg is not None and (best is None or t < best["us"] / 1e6):
+                best = row
+        d = out_rows[-1]
+        log(f"fused {name}: plain gemv {t_plain * 1e6:.1f} us | fused default {d['us']:.1f} us | best "
+            f"{best['us']:.1f} us ({best['GBps']:.0f} GB/s) at {best['tiles']}")
+        ws = None
+        torch.cuda.empty_cache()
+    return out_rows
+
+
 def fp8_sweep(tiles: list[tuple[int, int, int]]) -> list[dict]:
     """The weight-only FP8 GEMV (`gemv_fp8`: e4m3 codes, one fp32 scale a row) at M=1 over a tile
     sweep on the 7B shapes, bf16 cuBLAS the peer; rel_err against fp32 x @ the dequantized W."""
@@ -277,7 +331,7 @@ def pdl_chains() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_gemv.json"))
-    ap.add_argument("--sections", default="pdl,bf16", help="pdl, bf16, quant, fp8")
+    ap.add_argument("--sections", default="pdl,bf16", help="pdl, bf16, quant, fp8, fused")
     ap.add_argument("--converts", default="0,1,2,3", help="quant: kernels/quant_gemv.py CONVERT values")
     ap.add_argument("--bits", default="8,4", help="quant: formats")
     ap.add_argument("--tiles", default=None,
@@ -292,7 +346,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     given = [tuple(int(v) for v in t.split("/")) for t in args.tiles.split(",")] if args.tiles else None
     for name, fn in (("pdl", pdl_chains), ("bf16", lambda: bf16_sweep(given or TILES)),
-                     ("fp8", lambda: fp8_sweep(given or QUANT_TILES))):
+                     ("fp8", lambda: fp8_sweep(given or QUANT_TILES)), ("fused", lambda: fused_sweep(given or FUSED_TILES))):
         if name not in sections:
             continue
         res[name] = fn()

@@ -16,6 +16,8 @@ from inference.config import EngineConfig
 from inference.cuda_runner import CudaModelRunner
 from inference.llm import LLM
 from inference.model_runner import num_kv_blocks
+from inference.models.fused_decode import fused_decode_forward, fused_decode_plan
+from inference.models.norm_folding import fold_norm_weights
 from inference.models.triton_layers import use_triton_kernels
 from inference.sampling_params import SamplingParams
 from kernels.kv_cache import write_kv_cache_reference
@@ -91,6 +93,42 @@ def test_greedy_tokens_and_logprobs_match_reference(model):
     assert_all_blocks_free(ours)
 
 
+@pytest.mark.parametrize("model", ["random:tiny", "random:tiny-gqa"])
+def test_batch_one_decode_takes_the_fused_layers_with_folded_norms(model):
+    # one sequence: every decode step is one token, the fused path (six kernels a layer); the
+    # norms get random weights first (in both models), then ours folds them into its linears;
+    # eager, so that each step calls forward (a graph replay would not)
+    ours = kernel_llm(model=model, enforce_eager=True)
+    ref = reference_llm(ours)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for (name, mine), (_, theirs) in zip(ours.engine.runner.model.named_parameters(),
+                                             ref.engine.runner.model.named_parameters(), strict=True):
+            if name.endswith("layernorm.weight"):
+                mine.copy_(torch.rand(mine.shape, generator=gen) + 0.5)
+                theirs.copy_(mine)
+    model_ = ours.engine.runner.model
+    assert fold_norm_weights(model_) == len(model_.layers)
+    assert fused_decode_plan(model_)
+    ps = prompts(2, seed=9)[1:]
+    params = SamplingParams(max_tokens=7, temperature=0, ignore_eos=True, logprobs=2)
+    with patch("inference.models.triton_layers.fused_decode_forward", wraps=fused_decode_forward) as fused:
+        got = ours.generate(ps, params, use_tqdm=False)
+    assert fused.call_count == 6                                       # the 6 steps after the prompt's
+    assert_same_tokens_and_logprobs(got, ref.generate(ps, params, use_tqdm=False))
+    assert_all_blocks_free(ours)
+
+
+def test_fused_decode_plan_declines_what_it_cannot_fuse():
+    moe = kernel_llm(model="random:tiny-moe").engine.runner.model
+    assert not moe.fused_decode                                        # routers read the norm
+    dense = kernel_llm(model="random:tiny").engine.runner.model
+    assert dense.fused_decode
+    with torch.no_grad():
+        dense.layers[1].post_attention_layernorm.weight[3] = 2.0        # an unfolded norm weight
+    assert not fused_decode_plan(dense)
+
+
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_quantized_experts_on_the_kernel_path_match_reference(quantization):
     # int8 / int4 experts read as codes by the fused MoE kernels (and QuantLinear attention)
@@ -117,7 +155,8 @@ def test_fp8_kv_cache_matches_reference():
     # write kernel has its own test on e4m3-exact values), so there the cache write is PyTorch's.
     if not CUDA:
         with (patch("inference.models.triton_layers.write_kv_cache", write_kv_cache_reference),
-              patch("inference.models.triton_layers.rotary_kv_cache", rotary_kv_cache_reference)):
+              patch("inference.models.triton_layers.rotary_kv_cache", rotary_kv_cache_reference),
+              patch("inference.models.triton_layers.takes_fused_decode", lambda *a: False)):
             return _fp8_kv_cache_matches_reference()
     _fp8_kv_cache_matches_reference()
 

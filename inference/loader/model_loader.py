@@ -210,6 +210,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
     plan = plan_load(config)
     model = load_plain_model(plan, config)
     tokenizer = load_tokenizer(plan, config)
+    if plan.device.type == "cuda":          # before quantizing: the codes are taken of W * g
+        from inference.models.norm_folding import fold_norm_weights
+        fold_norm_weights(model)
     apply_weight_transforms(model, config)
     apply_kernel_transforms(model, plan.dtype, plan.device)
     return LoadedModel(model, plan.arch, tokenizer, plan.max_model_len, plan.dtype, config.model)

@@ -190,7 +190,10 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)                                  # [T, hidden]
-        rope = self.rotary.prepare(positions, x.dtype)
+        return self.decoder_stack(x, self.rotary.prepare(positions, x.dtype), kv_caches, meta)
+
+    def decoder_stack(self, x: torch.Tensor, rope, kv_caches, meta) -> torch.Tensor:
+        """Embedded tokens [T, hidden] through the layers and the final norm."""
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = layer.forward(x, residual, rope, k_cache, v_cache, meta)

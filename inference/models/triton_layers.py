@@ -10,15 +10,23 @@ CPU); the model code itself has no device branches. The swapped layers:
     RotaryEmbedding   -> in-place RoPE on the q/k part of the fused qkv output, from positions
     LlamaAttention    -> RoPE and the KV-cache write in one kernel over the qkv rows
     PagedAttention    -> slot-mapped KV write + paged decode (split-K) and varlen prefill kernels
+    LlamaForCausalLM  -> at one token, where every layer qualifies, the fused decode layers
+                         (inference/models/fused_decode.py: six kernels a layer instead of ten)
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.models.fused_decode import (
+    fused_decode_forward,
+    fused_decode_plan,
+    takes_fused_decode,
+)
 from inference.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -29,6 +37,7 @@ from inference.models.llama import (
 )
 from kernels.activation import silu_and_mul
 from kernels.decode_attention import decode_attention
+from kernels.gemv_fused import GemvWeight
 from kernels.kv_cache import write_kv_cache
 from kernels.prefill_attention import prefill_attention
 from kernels.quant_gemv import gemv
@@ -56,6 +65,12 @@ class TritonLinear(nn.Linear):
         if x.dim() == 2 and x.shape[0] == 1 and self.bias is None and x.dtype == self.weight.dtype:
             return gemv(x, self.weight)                                   # [1, out]
         return F.linear(x, self.weight, self.bias)
+
+    def gemv_weight(self, dtype: torch.dtype) -> GemvWeight | None:
+        """The weight as the fused decode GEMVs take it (None: this layer cannot)."""
+        if self.bias is not None or self.weight.dtype != dtype or not self.weight.is_contiguous():
+            return None
+        return GemvWeight.plain(self.weight)
 
 
 class TritonRMSNorm(RMSNorm):
@@ -122,7 +137,20 @@ class TritonPagedAttention(PagedAttention):
         return out
 
 
-_SWAPS = {nn.Linear: TritonLinear, RMSNorm: TritonRMSNorm, SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
+class TritonLlamaForCausalLM(LlamaForCausalLM):
+    fused_decode: bool = False                  # set by use_triton_kernels (fused_decode_plan)
+
+    def forward(self, input_ids, positions, kv_caches, meta):
+        if not self.fused_decode:
+            return super().forward(input_ids, positions, kv_caches, meta)
+        x = self.embed_tokens(input_ids)                                  # [T, hidden]
+        rope = self.rotary.prepare(positions, x.dtype)
+        if takes_fused_decode(input_ids, kv_caches, rope):
+            return fused_decode_forward(self, x, rope, kv_caches, meta)
+        return self.decoder_stack(x, rope, kv_caches, meta)
+
+
+_SWAPS = {nn.Linear: TritonLinear, LlamaForCausalLM: TritonLlamaForCausalLM, RMSNorm: TritonRMSNorm, SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
           RotaryEmbedding: TritonRotaryEmbedding, LlamaAttention: TritonLlamaAttention}
 
 
@@ -141,3 +169,6 @@ def use_triton_kernels(model: LlamaForCausalLM) -> None:
         block.use_router_kernel(fused_route)
     rotary = model.rotary
     rotary.cos_sin = torch.cat((rotary.cos, rotary.sin), dim=-1).contiguous()   # [P, D]
+    if isinstance(model, TritonLlamaForCausalLM):
+        # KERNELS_FUSED_DECODE=0: the ten-kernel layer (an A/B switch for benchmarks, a way out)
+        model.fused_decode = os.environ.get("KERNELS_FUSED_DECODE", "1") != "0" and fused_decode_plan(model)

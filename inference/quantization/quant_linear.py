@@ -50,6 +50,13 @@ class QuantLinear(nn.Module):
             return y if bias is None else y + bias
         return F.linear(x, self.dequantized(x.dtype), bias)
 
+    def gemv_weight(self, dtype: torch.dtype):
+        """The codes as the fused decode GEMVs take them (kernels/gemv_fused.py); None with a bias."""
+        if self.bias is not None:
+            return None
+        from kernels.gemv_fused import GemvWeight               # imports Triton
+        return GemvWeight(self.qweight, self.scales, self.zeros, self.bits, min(self.group_len, self.in_features))
+
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros))
 
