@@ -173,6 +173,10 @@ class CudaModelRunner(ModelRunner):
                 prefill_context_lens=torch.tensor([3], **i32), max_query_len=3)
             hidden = self.model(self.d_ids[:4], self.d_pos[:4], self.kv_caches, meta)
             self.model.compute_logits(hidden)
+        # one token: the fused batch-1 decode layers' kernels (inference/models/fused_decode.py)
+        meta = KernelAttentionMetadata(torch.full((1,), -1, dtype=torch.long, device=dev), 1, self.d_tables[:1],
+                                       self.d_ctx[:1], SPLIT_CHOICES[0])
+        self.model.compute_logits(self.model(self.d_ids[:1], self.d_pos[:1], self.kv_caches, meta))
         # Without this, the first big steps after startup wait on cudaMalloc and pinned-memory
         # allocations: in the serving bench the requests of the first second had TTFTs of 0.3-1.3 s.
         run_largest_step(self.loaded, self.sched_config, self.kv_caches, write_kv=False)

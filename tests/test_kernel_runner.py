@@ -19,6 +19,7 @@ from inference.model_runner import num_kv_blocks
 from inference.models.fused_decode import fused_decode_forward, fused_decode_plan
 from inference.models.norm_folding import fold_norm_weights
 from inference.models.triton_layers import use_triton_kernels
+from inference.parallel.tp_transform import TPPlan, install_parallel_layers
 from inference.sampling_params import SamplingParams
 from kernels.kv_cache import write_kv_cache_reference
 from kernels.rotary_kv_cache import rotary_kv_cache_reference
@@ -119,6 +120,26 @@ def test_batch_one_decode_takes_the_fused_layers_with_folded_norms(model):
     assert_all_blocks_free(ours)
 
 
+def test_fold_norm_weights_keeps_the_model_function():
+    # the PyTorch model (no kernels): random norm weights, greedy tokens and logprobs before and
+    # after folding them into qkv / gate_up
+    ps = prompts(3, seed=4)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
+    llm = LLM("random:tiny-gqa", device="cpu", **KW)
+    model = llm.engine.runner.model
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+    want = llm.generate(ps, params, use_tqdm=False)
+    qkv = model.layers[0].self_attn.qkv_proj.weight.clone()
+    assert fold_norm_weights(model) == len(model.layers)
+    assert all(bool((layer.input_layernorm.weight == 1).all()) for layer in model.layers)
+    assert not torch.equal(qkv, model.layers[0].self_attn.qkv_proj.weight)
+    assert_same_tokens_and_logprobs(llm.generate(ps, params, use_tqdm=False), want)
+
+
 def test_fused_decode_plan_declines_what_it_cannot_fuse():
     moe = kernel_llm(model="random:tiny-moe").engine.runner.model
     assert not moe.fused_decode                                        # routers read the norm
@@ -127,6 +148,11 @@ def test_fused_decode_plan_declines_what_it_cannot_fuse():
     with torch.no_grad():
         dense.layers[1].post_attention_layernorm.weight[3] = 2.0        # an unfolded norm weight
     assert not fused_decode_plan(dense)
+    # tensor parallelism: the all-reduces after o_proj / down_proj are not in the fused layers
+    tp = kernel_llm(model="random:tiny").engine.runner.model
+    assert tp.fused_decode
+    install_parallel_layers(tp, TPPlan(tp.arch, 0, 1), comm=None)
+    assert not tp.fused_decode and not fused_decode_plan(tp)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])

@@ -206,11 +206,15 @@ def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device:
         use_triton_kernels(model)
 
 
-def load_model(config: ModelConfig) -> LoadedModel:
+def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
+    """fold_norms: on CUDA, an unquantized model's RMSNorm weights go into the linears after them
+    (inference/models/norm_folding.py: the fused batch-1 decode layers want unit norms). Not for
+    quantized loads: codes of W * g are not measured for quality (bench/quality.py runs W), and
+    not for `python -m inference quantize` (its checkpoints keep the model's own norms)."""
     plan = plan_load(config)
     model = load_plain_model(plan, config)
     tokenizer = load_tokenizer(plan, config)
-    if plan.device.type == "cuda":          # before quantizing: the codes are taken of W * g
+    if fold_norms and plan.device.type == "cuda" and config.quantization is None:
         from inference.models.norm_folding import fold_norm_weights
         fold_norm_weights(model)
     apply_weight_transforms(model, config)

@@ -170,6 +170,10 @@ def install_parallel_layers(model: LlamaForCausalLM, plan: TPPlan, comm: TPComm)
         head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         head.weight = model.embed_tokens.weight
     model.lm_head = ParallelLMHead(head, plan.arch.vocab_size, comm)
+    if getattr(model, "fused_decode", False):
+        # the fused batch-1 layers (inference/models/fused_decode.py) call the GEMV kernels
+        # directly: no all-reduce after o_proj / down_proj. Off, whichever transform ran first.
+        model.fused_decode = False
 
 
 def tensor_parallel(model: LlamaForCausalLM, plan: TPPlan, comm: TPComm) -> None:

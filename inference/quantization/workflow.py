@@ -38,7 +38,7 @@ def quantize_to_dir(model: str, method: str, bits: int, group_size: int, out: st
     if hf_config.get("quantization_config"):
         raise ValueError(f"{model!r} is already quantized ({hf_config['quantization_config'].get('quant_method')})")
     t0 = time.perf_counter()
-    loaded = load_model(ModelConfig(model=model, dtype="float32", device=device))
+    loaded = load_model(ModelConfig(model=model, dtype="float32", device=device), fold_norms=False)
     windows = None if method == "rtn" else stdlib_windows(loaded.tokenizer, "calib", num_windows, seq_len)
     summary = quantize_model(loaded.model, cfg, windows, progress=progress)
     save_quantized(loaded.model, cfg, out, hf_config, model_dir, SAVE_DTYPES[save_dtype])
