@@ -28,6 +28,7 @@ from inference.quantization.calibration import forward_logits, stdlib_windows  #
 from inference.quantization.config import QuantConfig  # noqa: E402
 from inference.quantization.fp8 import fp8_quantize_model  # noqa: E402
 from inference.quantization.sparsity import sparsify_model  # noqa: E402
+from inference.models.norm_folding import fold_norm_weights  # noqa: E402
 from inference.quantization.transform import quantize_model  # noqa: E402
 
 VARIANTS = {                                     # name -> QuantConfig
@@ -98,8 +99,11 @@ def main() -> None:
             print(f"{name}: ppl {m['ppl']:.3f} ({m['delta_ppl_pct']:+.2f}%), KL {m['kl']:.4f}, top-1 "
                   f"{m['top1_agreement']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
             continue
-        cfg = VARIANTS[name]
+        fold = name.endswith(" +fold")          # the norm weights folded into the linears first, as a
+        cfg = VARIANTS[name.removesuffix(" +fold")]    # CUDA load does for the fused batch-1 layers
         lm = load_model(ModelConfig(model=args.model, dtype="float32"))
+        if fold:
+            fold_norm_weights(lm.model)
         t0 = time.perf_counter()
         if cfg == "fp8":
             info = fp8_quantize_model(lm.model)
