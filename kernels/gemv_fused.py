@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from kernels.kv_cache import write_kv_cache_reference
-from kernels.quant_gemv import _row_sums, gemv_config
-from kernels.rotary_kv_cache import FP8_MAX, supports_cache
+from kernels.quant_gemv import GemvWeight, _row_sums, gemv_config
+from kernels.rotary_kv_cache import store_cache_halves, supports_cache
 from kernels.triton_utils import (
     grid_dependency_launch,
     grid_dependency_sync,
@@ -47,27 +47,6 @@ from kernels.triton_utils import (
 RESIDUAL, SILU, ROPE = 1, 2, 3                      # the epilogues (module docstring)
 STATS_LANES = 32        # fp64 partial sums a row and norm (1 vs 32: within 1%, bench/NOTES.md run 36)
 _RESIDUAL, _SILU, _ROPE = tl.constexpr(RESIDUAL), tl.constexpr(SILU), tl.constexpr(ROPE)
-
-
-@dataclass(frozen=True)
-class GemvWeight:
-    """A linear's weight as the decode GEMV streams it (kernels/quant_gemv.py's formats): a plain
-    weight [N, K] (bits 16), int8 / int4 codes with fp32 group scales / zeros, or e4m3 codes
-    (as uint8) with one fp32 scale a row (fp8)."""
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor
-    bits: int
-    group_len: int
-    fp8: bool = False
-
-    @staticmethod
-    def plain(weight: torch.Tensor) -> GemvWeight:
-        return GemvWeight(weight, weight, weight, 16, weight.shape[1])
-
-    @property
-    def out_features(self) -> int:
-        return self.qweight.shape[0]
 
 
 @dataclass(frozen=True)
@@ -195,18 +174,9 @@ def _rope_kv_epilogue(x1, x2, cos, sin, slot, p, m, OUT, stride_om, N, K_CACHE, 
     is_k = rotate & (head >= H)
     is_v = head >= H + HKV
     cached = (p * 0 + slot) >= 0                 # slot as a tensor: see rotary_kv_cache
-    v1, v2 = r1, r2
-    if FP8_CACHE:                                # via fp32 (the interpreter's bf16 -> fp8 misrounds)
-        v1 = tl.clamp(r1.to(tl.float32), -FP8_MAX, FP8_MAX)
-        v2 = tl.clamp(r2.to(tl.float32), -FP8_MAX, FP8_MAX)
     kv_head = tl.where(is_k, head - H, head - H - HKV)
-    off = slot * (HKV * D) + kv_head * D + i
-    k_mask = p_mask & is_k & cached
-    v_mask = p_mask & is_v & cached
-    tl.store(K_CACHE + off, v1.to(K_CACHE.dtype.element_ty), mask=k_mask)
-    tl.store(K_CACHE + off + HALF_D, v2.to(K_CACHE.dtype.element_ty), mask=k_mask)
-    tl.store(V_CACHE + off, v1.to(V_CACHE.dtype.element_ty), mask=v_mask)
-    tl.store(V_CACHE + off + HALF_D, v2.to(V_CACHE.dtype.element_ty), mask=v_mask)
+    store_cache_halves(K_CACHE, V_CACHE, slot * (HKV * D) + kv_head * D + i, HALF_D, r1, r2,
+                       p_mask & is_k & cached, p_mask & is_v & cached, FP8_CACHE)
 
 
 def _check(cond: bool, message: str) -> None:
@@ -254,7 +224,6 @@ def _launch(x: torch.Tensor, w: GemvWeight, out: torch.Tensor, epilogue: int, st
                       num_warps=tiles and tiles[2], fp8=w.fp8)
     _check(epilogue == RESIDUAL or (cfg["BLOCK_N"] % 2 == 0 and n % 2 == 0),
            f"paired rows want an even row count and tile, got {n} rows, tile {cfg['BLOCK_N']}")
-    rows = n // 2 if epilogue != RESIDUAL else n
     rope_args = (x, x, x, x)
     rope_consts = {"HALF_D": 1, "H": 1, "HKV": 1, "FP8_CACHE": False}
     if rope is not None:
@@ -264,7 +233,7 @@ def _launch(x: torch.Tensor, w: GemvWeight, out: torch.Tensor, epilogue: int, st
         rope_consts = {"HALF_D": d // 2, "H": rope.num_heads, "HKV": rope.num_kv_heads,
                        "FP8_CACHE": rope.k_cache.dtype == torch.float8_e4m3fn}
     pdl = use_pdl(x, pdl)
-    grid = (m * triton.cdiv(rows, cfg["BLOCK_N"] // (1 if epilogue == RESIDUAL else 2)),)
+    grid = (m * triton.cdiv(n, cfg["BLOCK_N"]),)         # paired: BLOCK_N / 2 pairs of the N / 2
     _fused_gemv_kernel[grid](
         x, w.qweight, w.scales, w.zeros, out, m, n, k, w.group_len, w.scales.shape[1],
         x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),

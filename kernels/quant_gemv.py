@@ -38,6 +38,8 @@ CPU tests check the layout logic.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -307,6 +309,33 @@ def gemv_config(n: int, k: int, bits: int, group_len: int, qweight: torch.Tensor
             "num_warps": num_warps or default_warps}
 
 
+@dataclass(frozen=True)
+class GemvWeight:
+    """A linear's weight as the decode GEMV streams it (kernels/quant_gemv.py's formats): a plain
+    weight [N, K] (bits 16), int8 / int4 codes with fp32 group scales / zeros, or e4m3 codes
+    (as uint8) with one fp32 scale a row (fp8)."""
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    bits: int
+    group_len: int
+    fp8: bool = False
+
+    @staticmethod
+    def plain(weight: torch.Tensor) -> GemvWeight:
+        return GemvWeight(weight, weight, weight, 16, weight.shape[1])
+
+    @staticmethod
+    def e4m3(weight: torch.Tensor, scale: torch.Tensor) -> GemvWeight:
+        """weight e4m3 [N, K], scale N fp32 values (one a row)."""
+        n, k = weight.shape
+        return GemvWeight(weight.view(torch.uint8), scale.view(n, 1), scale, 16, k, fp8=True)
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int] | None = None,
          num_warps: int | None = None, pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] times a plain weight [N, K] of x's dtype (contiguous) -> y [M, N]: F.linear
@@ -317,7 +346,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int] | None = 
     k = x.shape[1]
     if weight.shape[1] != k or weight.dtype != x.dtype or weight.device != x.device:
         raise ValueError(f"gemv: weight {tuple(weight.shape)} {weight.dtype} does not take x {tuple(x.shape)} {x.dtype}")
-    return quant_gemv(x, weight, weight, weight, 16, k, tiles=tiles, num_warps=num_warps, pdl=pdl)
+    return _stream(x, GemvWeight.plain(weight), tiles, num_warps, pdl)
 
 
 def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: tuple[int, int] | None = None,
@@ -335,5 +364,9 @@ def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: 
             or x.shape[1] != k or scale.numel() != n or scale.dtype != torch.float32 or not scale.is_contiguous()):
         raise ValueError(f"gemv_fp8: want x [M, {k}] bf16/fp16, an e4m3 weight [N, K] and {n} contiguous fp32 scales; "
                          f"got x {tuple(x.shape)} {x.dtype}, weight {weight.dtype}, scale {tuple(scale.shape)} {scale.dtype}")
-    return quant_gemv(x, weight.view(torch.uint8), scale.view(n, 1), scale, 16, k, tiles=tiles,
-                      num_warps=num_warps, pdl=pdl, fp8=True)
+    return _stream(x, GemvWeight.e4m3(weight, scale), tiles, num_warps, pdl)
+
+
+def _stream(x: torch.Tensor, w: GemvWeight, tiles, num_warps, pdl) -> torch.Tensor:
+    return quant_gemv(x, w.qweight, w.scales, w.zeros, w.bits, w.group_len, tiles=tiles, num_warps=num_warps,
+                      pdl=pdl, fp8=w.fp8)

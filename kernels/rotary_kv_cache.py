@@ -78,18 +78,26 @@ def _rotary_kv_cache_kernel(
     # the cache rows: rotated k, unrotated v (each row is one of the two, or neither)
     val1 = tl.where(is_k[:, None], rot1, x1)
     val2 = tl.where(is_k[:, None], rot2, x2)
+    kv_head = tl.where(is_k, heads - H, heads - H - HKV)               # [HPP]
+    cache_off = slot * (HKV * D) + kv_head[:, None] * D + d[None, :]    # [HPP, HALF_D]
+    store_cache_halves(k_cache_ptr, v_cache_ptr, cache_off, HALF_D, val1, val2,
+                       (is_k & cached)[:, None] & mask, (is_v & cached)[:, None] & mask, FP8)
+
+
+@triton.jit
+def store_cache_halves(k_cache_ptr, v_cache_ptr, off, HALF_D: tl.constexpr, val1, val2, k_mask, v_mask,
+                       FP8: tl.constexpr):
+    """Both halves of a head's cache row (val1 at off, val2 at off + D/2) into the k cache where
+    k_mask, the v cache where v_mask; a float8 cache saturates first (also the fused qkv GEMV's,
+    kernels/gemv_fused.py)."""
     if FP8:
         # via fp32: the CPU interpreter converts bf16 -> fp8 wrongly
         val1 = tl.clamp(val1.to(tl.float32), -FP8_MAX, FP8_MAX)
         val2 = tl.clamp(val2.to(tl.float32), -FP8_MAX, FP8_MAX)
-    kv_head = tl.where(is_k, heads - H, heads - H - HKV)               # [HPP]
-    cache_off = slot * (HKV * D) + kv_head[:, None] * D + d[None, :]    # [HPP, HALF_D]
-    k_mask = (is_k & cached)[:, None] & mask
-    v_mask = (is_v & cached)[:, None] & mask
-    tl.store(k_cache_ptr + cache_off, val1.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(k_cache_ptr + cache_off + HALF_D, val2.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(v_cache_ptr + cache_off, val1.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
-    tl.store(v_cache_ptr + cache_off + HALF_D, val2.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
+    tl.store(k_cache_ptr + off, val1.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(k_cache_ptr + off + HALF_D, val2.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(v_cache_ptr + off, val1.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
+    tl.store(v_cache_ptr + off + HALF_D, val2.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
 
 
 def rotary_kv_cache_reference(positions: torch.Tensor, qkv: torch.Tensor, cos_sin_cache: torch.Tensor,

@@ -37,10 +37,9 @@ from inference.models.llama import (
 )
 from kernels.activation import silu_and_mul
 from kernels.decode_attention import decode_attention
-from kernels.gemv_fused import GemvWeight
 from kernels.kv_cache import write_kv_cache
 from kernels.prefill_attention import prefill_attention
-from kernels.quant_gemv import gemv
+from kernels.quant_gemv import GemvWeight, gemv
 from kernels.rms_norm import rms_norm
 from kernels.rotary import rotary_embedding
 from kernels.rotary_kv_cache import rotary_kv_cache, supports_cache

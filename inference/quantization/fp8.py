@@ -67,9 +67,8 @@ class Fp8Linear(nn.Module):
         bias or 32-bit activations (the FP8 GEMV wants 16-bit x)."""
         if self.bias is not None or dtype not in (torch.float16, torch.bfloat16):
             return None
-        from kernels.gemv_fused import GemvWeight               # imports Triton
-        return GemvWeight(self.weight_fp8.view(torch.uint8), self.weight_scale.view(self.out_features, 1),
-                          self.weight_scale, 16, self.in_features, fp8=True)
+        from kernels.quant_gemv import GemvWeight               # imports Triton
+        return GemvWeight.e4m3(self.weight_fp8, self.weight_scale)
 
     def weight_bytes(self) -> int:
         return self.weight_fp8.numel() + 4 * self.weight_scale.numel()

@@ -54,7 +54,7 @@ class QuantLinear(nn.Module):
         """The codes as the fused decode GEMVs take them (kernels/gemv_fused.py); None with a bias."""
         if self.bias is not None:
             return None
-        from kernels.gemv_fused import GemvWeight               # imports Triton
+        from kernels.quant_gemv import GemvWeight               # imports Triton
         return GemvWeight(self.qweight, self.scales, self.zeros, self.bits, min(self.group_len, self.in_features))
 
     def weight_bytes(self) -> int:
