@@ -6,6 +6,7 @@ even-indexed modules calibrate GPTQ / AWQ, odd-indexed ones are evaluated), so a
 same Python reproduces the windows exactly. The unquantized peer is the same model in fp32.
 
     python bench/quality.py [--windows 16] [--calib 32] [--seq-len 512] [--out bench/results/quality.json]
+                            [--variants "a,b"] [--update]   (--update: replace only those rows of --out)
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ VARIANTS = {                                     # name -> QuantConfig
     "int4 gptq g128": QuantConfig("gptq", 4, 128),
     "int4 gptq g128 act-order": QuantConfig("gptq", 4, 128, act_order=True),
     "int4 awq+gptq g128 act-order": QuantConfig("gptq", 4, 128, act_order=True, awq_scales=True),
+    # + one epoch of end-to-end scale tuning against the fp32 model (scale_tuning.py)
+    "int4 awq+gptq g128 act-order +tuned": QuantConfig("gptq", 4, 128, act_order=True, awq_scales=True,
+                                                       tune_epochs=1),
     "int4 rtn g32": QuantConfig("rtn", 4, 32),
     "int4 awq g32": QuantConfig("awq", 4, 32),
     "int4 gptq g32 act-order": QuantConfig("gptq", 4, 32, act_order=True),
@@ -77,7 +81,15 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--variants", default=",".join(list(VARIANTS) + list(KV_VARIANTS)))
     ap.add_argument("--out", default=str(ROOT / "bench/results/quality.json"))
+    ap.add_argument("--update", action="store_true",
+                    help="add / replace the measured variants' rows in the existing --out table (same "
+                         "model, windows and sequence length) instead of writing a new one")
     args = ap.parse_args()
+    old = json.loads(Path(args.out).read_text()) if args.update else None
+    if old and (old["model"], old["windows"], old["calib_windows"], old["seq_len"]) != (
+            args.model, args.windows, args.calib, args.seq_len):
+        raise SystemExit(f"--update: {args.out} measured {old['model']} at {old['windows']} / {old['calib_windows']} "
+                         f"windows of {old['seq_len']}; this run would not be comparable")
     torch.manual_seed(0)
     base = load_model(ModelConfig(model=args.model, dtype="float32"))
     evals = stdlib_windows(base.tokenizer, "eval", args.windows, args.seq_len)
@@ -119,7 +131,11 @@ def main() -> None:
         rows[name] = m
         print(f"{name}: ppl {m['ppl']:.3f} ({m['delta_ppl_pct']:+.2f}%), KL {m['kl']:.4f}, top-1 "
               f"{m['top1_agreement']:.3f} ({seconds:.0f} s)", flush=True)
-    res = {"model": args.model, "commit": git_commit(), "torch": torch.__version__, "windows": args.windows,
+    commits = {name: git_commit() for name in rows}
+    if old:                                      # the other rows keep their figures and commits
+        commits = {**old.get("row_commits", {n: old["commit"] for n in old["results"]}), **commits}
+        rows = {**old["results"], **rows}
+    res = {"model": args.model, "commit": git_commit(), "row_commits": commits, "torch": torch.__version__, "windows": args.windows,
            "calib_windows": args.calib, "seq_len": args.seq_len, "targets": TARGETS, "results": rows,
            "note": "SmolLM2's only shipped weights are a Q4_1 GGUF (4-bit, group 32, float min): the fp32 "
                    "peer is that model dequantized, so every 4-bit variant re-quantizes 4-bit weights onto "

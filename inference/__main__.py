@@ -138,7 +138,8 @@ def quantize(args: argparse.Namespace) -> int:
     from inference.quantization.workflow import quantize_to_dir
     s = quantize_to_dir(args.model, args.method, args.bits, args.group_size, args.out, symmetric=args.symmetric,
                         num_windows=args.calib_windows, seq_len=args.seq_len, device=args.device,
-                        save_dtype=args.save_dtype, act_order=args.act_order, awq_scales=args.awq_scales)
+                        save_dtype=args.save_dtype, act_order=args.act_order, awq_scales=args.awq_scales,
+                        tune_epochs=args.tune_epochs)
     print(f"wrote {s['out']} ({s['config']['quant_method']} format, {args.method}, {args.bits}-bit, group "
           f"{args.group_size}) in {s['seconds']:.0f} s; decoder linears {s['linear_bytes_before'] / 2**20:.1f} MiB "
           f"-> {s['linear_bytes_after'] / 2**20:.1f} MiB. Load it with LLM(model={s['out']!r}).")
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--act-order", action="store_true",
                    help="gptq: quantize columns by decreasing activation energy (static groups: same format)")
     p.add_argument("--awq-scales", action="store_true", help="gptq: fold AWQ's scales in first (4-bit)")
+    p.add_argument("--tune-epochs", type=int, default=0,
+                   help="gptq/awq: then tune the group scales end to end against the unquantized model "
+                        "for this many epochs over the calibration windows (same format)")
     p.add_argument("--calib-windows", type=int, default=32, help="stdlib text windows for gptq/awq")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--device", default="cpu")

@@ -47,6 +47,11 @@ def one_sequence_meta(num_tokens: int, device) -> AttentionMetadata:
 def forward_hidden(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Final hidden states [T, hidden] of one sequence, causal, on a throwaway one-block KV cache
     (the engine's PyTorch attention path) stored in kv_dtype (default: the model's)."""
+    return causal_hidden(model, token_ids, kv_dtype)
+
+
+def causal_hidden(model: nn.Module, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """forward_hidden in the caller's grad mode (scale tuning backpropagates through it)."""
     device = next(model.parameters()).device
     dtype = kv_dtype or model.embed_tokens.weight.dtype
     arch = model.arch

@@ -5,6 +5,7 @@ touched, and mapped to and from the `quantization_config` of a Hugging Face chec
     rtn     4/8   128 (4) / channel   4: yes       none          GPTQ layout (`quant_method: gptq`)
     gptq    4/8   128 (4) / channel   4: yes       GPTQ          GPTQ layout (act-order: static groups)
                                                    (+ AWQ scales folded first, `awq_scales`)
+    gptq and awq may then tune their scales end to end (`tune_epochs`, scale_tuning.py): same format.
     awq     4     128                 yes          AWQ scales    AWQ GEMM layout (`quant_method: awq`)
 
 `LLM(quantization=...)` also takes the shorthands "int8" (rtn, 8 bits, per output channel,
@@ -28,6 +29,7 @@ class QuantConfig:
     symmetric: bool = False          # no zero point (int8 default); 4-bit defaults to asymmetric
     act_order: bool = False          # gptq: columns by decreasing activation energy, static groups
     awq_scales: bool = False         # gptq: fold AWQ's scales into the layer first, then GPTQ
+    tune_epochs: int = 0             # gptq / awq: epochs of end-to-end scale tuning (scale_tuning.py)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -44,6 +46,11 @@ class QuantConfig:
             raise ValueError(f"quantization: act_order and awq_scales are gptq options, got method={self.method!r}")
         if self.awq_scales and (self.bits != 4 or self.symmetric):
             raise ValueError("quantization: awq_scales searches 4-bit asymmetric groups (bits=4, symmetric=False)")
+        if not isinstance(self.tune_epochs, int) or self.tune_epochs < 0:
+            raise ValueError(f"quantization tune_epochs: must be an integer >= 0, got {self.tune_epochs!r}")
+        if self.tune_epochs and self.method == "rtn":
+            raise ValueError("quantization: scale tuning (tune_epochs) needs calibration windows: method gptq or awq, "
+                             "not rtn")
         if self.method == "awq" and self.symmetric:
             raise ValueError("quantization: awq stores a zero point per group (symmetric=False)")
 
@@ -70,11 +77,12 @@ class QuantConfig:
                          f"(use `python -m inference quantize --method {name}` to make one), or one of {SHORTHANDS}")
 
     def to_hf(self) -> dict[str, Any]:
+        tuned = {"scale_tuning_epochs": self.tune_epochs} if self.tune_epochs else {}   # a record only
         if self.method == "awq":
             return {"quant_method": "awq", "bits": 4, "group_size": self.group_size, "zero_point": True,
-                    "version": "gemm"}
+                    "version": "gemm", **tuned}
         # act-order with static groups: g_idx stays i // group_size, the layout every GPTQ loader reads
-        return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
+        return {**tuned, "quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
                 "desc_act": self.act_order, "static_groups": self.act_order, "sym": self.symmetric,
                 "checkpoint_format": "gptq", "true_sequential": False,
                 "quantizer": "inference-awq-gptq" if self.awq_scales else f"inference-{self.method}"}
@@ -84,13 +92,14 @@ class QuantConfig:
         """From a checkpoint's quantization_config; a clear error for what this engine cannot load."""
         method = qc.get("quant_method")
         bits, group = qc.get("bits"), qc.get("group_size", 128)
+        tuned = int(qc.get("scale_tuning_epochs", 0))
         if method == "awq":
             if qc.get("version", "gemm").lower() != "gemm":
                 raise ValueError(f"quantization_config: AWQ version {qc.get('version')!r} is not supported "
                                  "(only the GEMM layout)")
             if not qc.get("zero_point", True):
                 raise ValueError("quantization_config: AWQ without zero points is not supported")
-            return cls("awq", bits, group, False)
+            return cls("awq", bits, group, False, tune_epochs=tuned)
         if method == "gptq":
             # act-order is fine with static groups (g_idx = i // group_size, which the loader checks);
             # without them g_idx is a permutation the kernels do not follow
@@ -104,6 +113,6 @@ class QuantConfig:
             if made_here == "rtn":
                 return cls("rtn", bits, group, bool(qc.get("sym", True)))
             return cls("gptq", bits, group, bool(qc.get("sym", True)), act_order=bool(qc.get("desc_act")),
-                       awq_scales=made_here == "awq-gptq")
+                       awq_scales=made_here == "awq-gptq", tune_epochs=tuned)
         raise ValueError(f"quantization_config: quant_method {method!r} is not supported; "
                          "checkpoints in GPTQ or AWQ format are")

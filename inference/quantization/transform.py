@@ -18,6 +18,7 @@ from inference.quantization.config import QuantConfig
 from inference.quantization.gptq import gptq_quantize
 from inference.quantization.int_quant import quantize_rtn
 from inference.quantization.quant_linear import QuantLinear
+from inference.quantization.scale_tuning import teacher_hidden, tune_scales
 
 SAMPLE_ROWS = 512           # calibration rows AWQ's search evaluates each candidate scale on
 
@@ -45,14 +46,19 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
                    progress: bool = True) -> dict:
     """Quantize in place. rtn needs no data; gptq and awq calibrate on `windows` (token lists),
     one decoder layer at a time: gptq on the outputs of the layers already quantized, awq on
-    the unquantized ones. Returns a summary (bytes before/after, AWQ alphas)."""
+    the unquantized ones; with cfg.tune_epochs the scales are then tuned end to end against the
+    unquantized model's outputs on the same windows. Returns a summary (bytes before/after, AWQ
+    alphas, the tuning's training KL)."""
     if model.arch.num_experts:
+        if cfg.tune_epochs:
+            raise ValueError("quantize: scale tuning (tune_epochs) is for dense models; this one has experts")
         from inference.quantization.moe_experts import quantize_moe_model
         return quantize_moe_model(model, cfg)
     linears = decoder_linears(model)
     if cfg.method != "rtn" and not windows:
         raise ValueError(f"quantize: {cfg.method} needs calibration windows")
     bytes_before = sum(m.weight.numel() * m.weight.element_size() for m in linears.values())
+    teacher = teacher_hidden(model, windows) if cfg.tune_epochs else None
     cal = LayerwiseCalibration(model, windows) if cfg.method != "rtn" else None
     alphas = {}
     desc = f"Quantizing ({cfg.method}, {cfg.bits}-bit)"
@@ -76,8 +82,11 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
             linear = layer.get_submodule(name)
             codes, scales, zeros = quantize_rtn(linear.weight, cfg)
             replace_module(layer, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
+    cal = None                                     # the layer-wise states are not needed any more
+    tuning = tune_scales(model, windows, teacher, cfg.tune_epochs, progress=progress) if teacher else {}
     bytes_after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
-    return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas}
+    return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas,
+            "scale_tuning": tuning}
 
 
 def _gptq_layer(layer: nn.Module, arch, cal: LayerwiseCalibration, cfg: QuantConfig) -> dict:

@@ -21,9 +21,10 @@ SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": 
 
 def quantize_to_dir(model: str, method: str, bits: int, group_size: int, out: str | Path, symmetric: bool = False,
                     num_windows: int = 32, seq_len: int = 512, device: str = "cpu", save_dtype: str = "float16",
-                    progress: bool = True, act_order: bool = False, awq_scales: bool = False) -> dict:
+                    progress: bool = True, act_order: bool = False, awq_scales: bool = False,
+                    tune_epochs: int = 0) -> dict:
     """Returns a summary: bytes before and after, seconds, the output directory."""
-    cfg = QuantConfig(method, bits, group_size, symmetric, act_order, awq_scales)   # bad values: fail here
+    cfg = QuantConfig(method, bits, group_size, symmetric, act_order, awq_scales, tune_epochs)   # bad values: fail here
     if save_dtype not in SAVE_DTYPES:
         raise ValueError(f"save dtype: must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
     if method != "rtn" and device != "cpu":

@@ -1,0 +1,88 @@
+"""End-to-end tuning of a quantized model's group scales (the quantization-parameter step of
+EfficientQAT, Chen et al., 2024): after GPTQ / AWQ has chosen every code and zero point, those
+stay fixed and each group's scale s = s0 * exp(theta) is trained, all layers at once, so that
+the quantized model's next-token distributions match the unquantized model's on the
+calibration windows (KL divergence, Adam, cosine learning rate, one window a step).
+
+Layer-wise methods minimise each linear's own output error; the scales GPTQ picks are already
+within ~1% of the least-squares optimum for that error given its codes (measured on SmolLM2).
+What they cannot see is how errors compound through the layers and what the LM head makes of
+them: that is what this step trains against. The result is an ordinary checkpoint (fp16 scales,
+integer codes and zeros, the same format), so loaders and kernels see nothing new.
+
+On SmolLM2-135M, int4 AWQ + GPTQ act-order at group 128 (bench/quality.py): +7.2% perplexity
+before, +4.7% after one epoch over the 32 calibration windows.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from inference.quantization.calibration import causal_hidden
+from inference.quantization.quant_linear import QuantLinear
+
+LEARNING_RATE = 1e-3       # on theta: a step moves a scale by ~0.1%
+
+
+@torch.no_grad()
+def teacher_hidden(model: nn.Module, windows: list[list[int]]) -> list[torch.Tensor]:
+    """The unquantized model's final hidden states [T, hidden] for each window (taken before
+    quantizing; the LM head, which stays unquantized, turns them into the target distributions)."""
+    return [causal_hidden(model, w) for w in windows]
+
+
+@torch.enable_grad()
+def tune_scales(model: nn.Module, windows: list[list[int]], teacher: list[torch.Tensor], epochs: int,
+                lr: float = LEARNING_RATE, progress: bool = True, seed: int = 0) -> dict:
+    """Tune every QuantLinear's scales in place. Returns the mean training KL of the first and
+    the last epoch."""
+    if epochs < 1:
+        raise ValueError(f"scale tuning: epochs must be >= 1, got {epochs}")
+    if len(teacher) != len(windows) or not windows:
+        raise ValueError(f"scale tuning: {len(windows)} windows but {len(teacher)} teacher outputs")
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not linears:
+        raise ValueError("scale tuning: the model has no quantized linears")
+    start = {m: m.scales.clone() for m in linears}
+    theta = {m: nn.Parameter(torch.zeros_like(m.scales)) for m in linears}
+    frozen = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in frozen:
+        p.requires_grad_(False)
+    steps = epochs * len(windows)
+    opt = torch.optim.Adam(theta.values(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    order = torch.Generator().manual_seed(seed)
+    epoch_kl = []
+    bar = tqdm(total=steps, desc="Tuning scales", unit="window", disable=not progress, leave=False)
+    done = False
+    try:
+        for _ in range(epochs):
+            total = 0.0
+            for i in torch.randperm(len(windows), generator=order).tolist():
+                for m in linears:                  # a buffer may hold a non-leaf tensor: the
+                    m._buffers["scales"] = start[m] * theta[m].exp()   # forward reads it as usual
+                with torch.no_grad():
+                    target = model.compute_logits(teacher[i]).float().log_softmax(-1)
+                logp = model.compute_logits(causal_hidden(model, windows[i])).float().log_softmax(-1)
+                loss = (target.exp() * (target - logp)).sum(-1).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                schedule.step()
+                total += loss.item()
+                bar.update()
+            epoch_kl.append(total / len(windows))
+        done = all(bool(theta[m].isfinite().all()) for m in linears)
+    finally:
+        bar.close()
+        with torch.no_grad():                      # fp16-representable, as the checkpoint stores them;
+            for m in linears:                      # an interrupted or diverged run keeps GPTQ's
+                tuned = start[m] * theta[m].exp() if done else start[m]
+                m._buffers["scales"] = tuned.half().float().contiguous()
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+    if not done:
+        raise ValueError(f"scale tuning diverged (non-finite scales) at lr {lr}; the untuned scales are kept")
+    return {"first_epoch_kl": epoch_kl[0], "last_epoch_kl": epoch_kl[-1]}
