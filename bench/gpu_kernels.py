@@ -1,13 +1,17 @@
 """Attention kernel microbenchmarks (run on the device), each beside its ceiling or peer:
 
   decode   paged decode attention, bs 64 x ctx 4096, d 128: achieved bandwidth vs the copy ceiling
-  prefill  causal prefill attention at 4k, d 128, 32 heads (MHA and GQA-4): TFLOP/s, with torch
-           SDPA (flash) on contiguous tensors as the peer. Three ways to read the chunk's own keys:
-           `paged` (everything through the block table), `new` (the chunk's K/V straight from the
-           strided qkv output, pointer loads) and `tma` (the same rows through TMA descriptors),
-           over a tile / warps / stages sweep.
+  prefill  causal prefill attention at 4k, d 128, 32 heads (MHA and GQA-4, and GQA-4 after a cached
+           3072-token prefix): TFLOP/s of every PREFILL_VARIANTS entry (the chunk's own K/V from the
+           strided qkv rows, pointer loads or TMA) and PAGED_VARIANTS (everything through the block
+           table), timed round-robin with torch SDPA (flash, contiguous tensors) as the peer of a
+           fresh prompt; outputs poisoned with NaN first and checked against the fp32 reference.
 
-    python3 bench/gpu_kernels.py --out $OUT/gpu_kernels.json [--parts decode,prefill]
+    python3 bench/gpu_kernels.py --out $OUT/gpu_kernels.json [--parts decode,prefill] [--baseline OLD.py]
+
+--baseline times an earlier kernels/prefill_attention.py (its 64x64/4w/3s tile) in the same rounds.
+Compiling the prefill variants takes most of the run; `--compile-shard I/N` (N processes in
+parallel, then the real run) fills Triton's cache first.
 
 `kernel_bench` is also the `kernels` section of bench/gpu_engine.py.
 """
@@ -23,10 +27,24 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-# run 11's sweep (64/128 x 64/128 tiles, 4/8 warps, 2-4 stages; bench/NOTES.md) narrowed to its leaders
-PREFILL_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)]
-PAGED_CONFIGS = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 3)]     # run 1's leaders (bench/NOTES.md)
+from cpu_engine import git_commit  # noqa: E402
+
+# (label, prefill_attention keyword arguments): its defaults first, then A/B variants of them
+# (earlier leaders: bench/NOTES.md runs 1, 11, 27; the sweep that chose the defaults, with the
+# lazy-rescale and grid-order variants since removed: bench/results/gpu_kernels_prefill_sweep.json).
+# Every one is also a GPU case of tests/kernels/test_attention_kernels.py.
+PREFILL_VARIANTS = [
+    ("default 64x64/4w/3s", {}),
+    ("chunk-major grid", {"heads_first": False}),
+    ("paged loops 3s", {"paged_stages": 3}),
+    ("64x64/4w/2s", {"num_stages": 2}),
+    ("128x64/8w/3s", {"block_m": 128, "num_warps": 8}),
+    ("tma", {"tma": True}),
+]
+# everything through the block table (no k_new / v_new)
+PAGED_VARIANTS = [("paged default", {}), ("paged 3s", {"paged_stages": 3})]
 
 
 def log(*a) -> None:
@@ -100,8 +118,38 @@ def decode_bench(copy_bw: float, gen, sms: int) -> list[dict]:
     return result
 
 
-def prefill_case(h: int, hkv: int, prefix: int, new: int, gen) -> dict:
-    """One chunk of `new` tokens after `prefix` cached ones; every config in both modes."""
+def timed_interleaved(fns: dict, rounds: int = 25, calls: int = 5) -> dict:
+    """Median seconds per call of each fn, timed round-robin (`calls` back to back between two
+    CUDA events, once per fn per round), so clock drift over the run hits every fn alike."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(calls):
+                fn()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b) / 1e3 / calls)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def load_module(path: str):
+    """A kernel module from a file (e.g. `git show HEAD:kernels/prefill_attention.py > old.py`),
+    to time an earlier version beside the tree's in one run."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("prefill_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def prefill_case(h: int, hkv: int, prefix: int, new: int, gen, baseline=None, shard=None) -> dict:
+    """One chunk of `new` tokens after `prefix` cached ones, every variant (and the baseline
+    module's default, and SDPA for a fresh prompt) timed round-robin. shard (i, n): only compile
+    every n-th variant from the i-th (fills Triton's cache from parallel processes), no timing."""
     from kernels.prefill_attention import prefill_attention, prefill_attention_reference
     D, BS = 128, 16
     ctx = prefix + new
@@ -118,60 +166,86 @@ def prefill_case(h: int, hkv: int, prefix: int, new: int, gen) -> dict:
     lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
     # causal over the new rows, full over the prefix
     flops = 4 * h * D * (new * prefix + new * (new + 1) / 2)
+    variants = [(label, "tma" if kw.get("tma") else "new", prefill_attention, {**kw, "k_new": k_new, "v_new": v_new})
+                for label, kw in PREFILL_VARIANTS]
+    variants += [(label, "paged", prefill_attention, kw) for label, kw in PAGED_VARIANTS]
+    if baseline is not None:
+        variants.append(("baseline 64x64/4w/3s", "baseline", baseline.prefill_attention,
+                         {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3,
+                          "k_new": k_new, "v_new": v_new}))
+    if shard is not None:
+        for i, (label, _, attn, kw) in enumerate(variants):
+            if i % shard[1] == shard[0]:
+                try:
+                    attn(q, k, v, tables, qs, lens, new, D ** -0.5, **kw)
+                except Exception as e:                       # the timed run reports it
+                    log(f"  compile {label}: {type(e).__name__}")
+        torch.cuda.synchronize()
+        return {}
     ref = prefill_attention_reference(q, k, v, tables, qs, lens, D ** -0.5)
-    rows = []
-    for mode in ("paged", "new", "tma"):
-        extra = {} if mode == "paged" else dict(k_new=k_new, v_new=v_new, tma=mode == "tma")
-        for bm, bn, warps, stages in PAGED_CONFIGS if mode == "paged" else PREFILL_CONFIGS:
-            out = torch.full_like(q, float("nan"))
+    rows, fns = [], {}
+    for label, mode, attn, kw in variants:
+        out = torch.full_like(q, float("nan"))              # poisoned: an unwritten element shows
 
-            def fn():
-                prefill_attention(q, k, v, tables, qs, lens, new, D ** -0.5, out=out, block_m=bm, block_n=bn,
-                                  num_warps=warps, num_stages=stages, **extra)
-            try:
-                fn()
-            except Exception as e:
-                log(f"  prefill {mode} {bm}/{bn}/{warps}/{stages} failed: {type(e).__name__}: {str(e)[:80]}")
-                continue
-            err = rel_err(out, ref)
-            t = timed(fn, reps=10)
-            rows.append({"mode": mode, "block_m": bm, "block_n": bn, "warps": warps, "stages": stages,
-                         "ms": t * 1e3, "TFLOPs": flops / t / 1e12, "rel_err": err})
-    ok = [r for r in rows if r["rel_err"] < 2e-2]
-    bad = [r for r in rows if r["rel_err"] >= 2e-2]
-    if bad:
-        log(f"  WRONG results: {bad}")
-    best = {m: min((r for r in ok if r["mode"] == m), key=lambda r: r["ms"], default=None)
-            for m in ("paged", "new", "tma")}
-    res = {"heads": h, "kv_heads": hkv, "prefix": prefix, "tokens": new, "GFLOP": flops / 1e9,
-           "best_paged": best["paged"], "best_new": best["new"], "best_tma": best["tma"], "all": rows}
+        def fn(attn=attn, kw=kw, out=out):
+            attn(q, k, v, tables, qs, lens, new, D ** -0.5, out=out, **kw)
+        try:
+            fn()
+        except Exception as e:                               # e.g. out of shared memory
+            log(f"  prefill {label} failed: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        err = rel_err(out, ref)
+        rows.append({"label": label, "mode": mode, "ms": 0.0, "TFLOPs": 0.0, "rel_err": err,
+                     **{key: val for key, val in kw.items() if key not in ("k_new", "v_new")}})
+        if err < 1e-2:
+            fns[label] = fn
+        else:
+            log(f"  WRONG result: {label} rel_err {err:.3g}")
+    ref = None
+    sdpa = "torch SDPA"
     if prefix == 0:
         kc = k_new.repeat_interleave(h // hkv, 1).transpose(0, 1)[None].contiguous()
         vc = v_new.repeat_interleave(h // hkv, 1).transpose(0, 1)[None].contiguous()
         qc = q.transpose(0, 1)[None].contiguous()
-        t = timed(lambda: torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=True), reps=10)
-        res["torch_sdpa_TFLOPs"] = flops / t / 1e12
+        fns[sdpa] = lambda: torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+    t = timed_interleaved(fns)
+    for r in rows:
+        if r["label"] in t:
+            r.update(ms=t[r["label"]] * 1e3, TFLOPs=flops / t[r["label"]] / 1e12)
+    ok = [r for r in rows if r["label"] in t]
+    best = {m: min((r for r in ok if r["mode"] == m), key=lambda r: r["ms"], default=None)
+            for m in ("paged", "new", "tma", "baseline")}
+    res = {"heads": h, "kv_heads": hkv, "prefix": prefix, "tokens": new, "GFLOP": flops / 1e9,
+           "default": rows[0], **{f"best_{m}": b for m, b in best.items()}, "all": rows}
+    if sdpa in t:
+        res["torch_sdpa_TFLOPs"] = flops / t[sdpa] / 1e12
     return res
 
 
-def prefill_bench(gen) -> list[dict]:
+PREFILL_CASES = ((32, 32, 0, 4096), (32, 8, 0, 4096), (32, 8, 3072, 1024))
+
+
+def prefill_bench(gen, baseline=None, shard=None) -> list[dict]:
     out = []
-    for h, hkv, prefix, new in ((32, 32, 0, 4096), (32, 8, 0, 4096), (32, 8, 3072, 1024)):
-        r = prefill_case(h, hkv, prefix, new, gen)
-        best = min((b for b in (r["best_tma"], r["best_new"], r["best_paged"]) if b), key=lambda b: b["ms"])
-        r.update(best)                              # flat fields of the fastest path for the summary
-        log(f"prefill H={h} Hkv={hkv} prefix {prefix} + {new}: tma {r['best_tma']} | new {r['best_new']} | "
-            f"paged {r['best_paged']} | SDPA {r.get('torch_sdpa_TFLOPs', float('nan')):.0f} TFLOP/s")
-        out.append(r)
+    for h, hkv, prefix, new in PREFILL_CASES:
+        r = prefill_case(h, hkv, prefix, new, gen, baseline, shard)
         torch.cuda.empty_cache()
+        if shard is not None:
+            continue
+        best = min((b for m, b in r.items() if m.startswith("best_") and b), key=lambda b: b["ms"])
+        r.update(best)                              # flat fields of the fastest path for the summary
+        log(f"prefill H={h} Hkv={hkv} prefix {prefix} + {new}: "
+            + ", ".join(f"{x['label']} {x['TFLOPs']:.0f}" for x in sorted(r["all"], key=lambda x: -x["TFLOPs"]))
+            + f" | SDPA {r.get('torch_sdpa_TFLOPs', float('nan')):.0f} TFLOP/s")
+        out.append(r)
     return out
 
 
-def kernel_bench(copy_bw: float, parts: set[str]) -> dict:
+def kernel_bench(copy_bw: float, parts: set[str], baseline=None, shard=None) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {"decode": decode_bench(copy_bw, gen, sms) if "decode" in parts else [],
-            "prefill": prefill_bench(gen) if "prefill" in parts else []}
+            "prefill": prefill_bench(gen, baseline, shard) if "prefill" in parts else []}
 
 
 def main() -> None:
@@ -179,20 +253,28 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results/gpu_kernels.json"))
     ap.add_argument("--parts", default="decode,prefill")
     ap.add_argument("--copy-bw", type=float, default=4.26e12)
+    ap.add_argument("--baseline", help="an earlier kernels/prefill_attention.py to time beside this tree's")
+    ap.add_argument("--compile-shard", help="I/N: only compile the prefill variants i, i+N, ... (no timing, "
+                    "no output): run N of these in parallel first to fill Triton's cache")
     args = ap.parse_args()
     import triton
+    baseline = load_module(args.baseline) if args.baseline else None
+    if args.compile_shard:
+        i, n = map(int, args.compile_shard.split("/"))
+        kernel_bench(args.copy_bw, {"prefill"}, baseline, (i, n))
+        return
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-           "kernels": kernel_bench(args.copy_bw, set(args.parts.split(",")))}
+           "commit": git_commit(), "kernels": kernel_bench(args.copy_bw, set(args.parts.split(",")), baseline)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     for d in res["kernels"]["decode"]:
         log(f"decode H{d['heads']}/KV{d['kv_heads']}: {d['GBps']:.0f} GB/s = {d['fraction_of_copy']:.1%} of copy")
     for p in res["kernels"]["prefill"]:
-        cfg = ("block_m", "block_n", "warps", "stages")
-        parts = [f"{m} {(p['best_' + m] or {}).get('TFLOPs', 0):.0f} {[(p['best_' + m] or {}).get(k) for k in cfg]}"
-                 for m in ("tma", "new", "paged")]
-        log(f"prefill H{p['heads']}/KV{p['kv_heads']} {p['prefix']}+{p['tokens']} TFLOP/s: {', '.join(parts)}, "
-            f"SDPA {p.get('torch_sdpa_TFLOPs', float('nan')):.0f}")
+        parts = [f"{m} {(p['best_' + m] or {}).get('TFLOPs', 0):.0f} ({(p['best_' + m] or {}).get('label')})"
+                 for m in ("new", "tma", "paged", "baseline") if p.get("best_" + m)]
+        sdpa = p.get("torch_sdpa_TFLOPs", float("nan"))
+        log(f"prefill H{p['heads']}/KV{p['kv_heads']} {p['prefix']}+{p['tokens']} TFLOP/s: default "
+            f"{p['default']['TFLOPs']:.0f}, best {', '.join(parts)}, SDPA {sdpa:.0f}")
 
 
 if __name__ == "__main__":

@@ -86,14 +86,22 @@ def new_kv_rows(k, v, tables, chunks, num_heads, hkv, d, dtype):
     return k_new, v_new
 
 
-def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=64, block_n=64, new_kv=True,
-                tma=False, cache_dtype=None):
+def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, new_kv=True, cache_dtype=None, key_growth=0.0,
+                **kernel):
     """chunks: [(cached_prefix_len, query_len)]; new_kv: the chunks' K/V also passed as k_new/v_new
-    (the engine's path), else read from the cache only; tma: the new K/V through TMA descriptors
-    instead of pointer loads."""
+    (the engine's path), else read from the cache only; kernel: prefill_attention's tile and
+    variant arguments (block_m, block_n, num_stages, heads_first, tma, ...), its defaults where left out.
+    key_growth: the keys of a sequence's i-th block scaled by 1 + key_growth * i, so the scores,
+    and each row's running max, grow along the sequence (the online softmax keeps rescaling)."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     ctx = [p + n for p, n in chunks]
     k, v, tables = make_cache(ctx, block_size, hkv, d, dtype, gen, cache_dtype)
+    if key_growth:
+        pos_of_block = torch.zeros(k.shape[0], device=DEVICE)
+        for i, n in enumerate(ctx):
+            used = tables[i, :math.ceil(n / block_size)].long()
+            pos_of_block[used] = torch.arange(used.numel(), device=DEVICE, dtype=torch.float32)
+        k.mul_((1 + key_growth * pos_of_block).view(-1, 1, 1, 1).to(k.dtype))
     starts = [0]
     for _, n in chunks:
         starts.append(starts[-1] + n)
@@ -104,7 +112,7 @@ def run_prefill(chunks, num_heads, hkv, d, block_size, dtype, seed, block_m=64, 
     scale = d ** -0.5
     k_new, v_new = new_kv_rows(k, v, tables, chunks, num_heads, hkv, d, dtype) if new_kv else (None, None)
     prefill_attention(q, k, v, tables, qs, lens, max(n for _, n in chunks), scale, out=out,
-                      k_new=k_new, v_new=v_new, block_m=block_m, block_n=block_n, num_warps=4, tma=tma)
+                      k_new=k_new, v_new=v_new, **kernel)
     ref = prefill_attention_reference(q, k, v, tables, qs, lens, scale)
     return rel_err(out, ref)
 
@@ -139,7 +147,7 @@ def test_prefill_small(chunks, hkv, dtype, mode):
     assert err < TOL[dtype], err
 
 
-@pytest.mark.parametrize("block_m,block_n", [(32, 16), (32, 32)])
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (32, 32), (16, 32)])
 @pytest.mark.parametrize("tma", [True, False])
 def test_prefill_tiles_and_partial_prefix(block_m, block_n, tma):
     # prefix lengths off the key tile (partial masked prefix tile), several query tiles per chunk,
@@ -147,6 +155,17 @@ def test_prefill_tiles_and_partial_prefix(block_m, block_n, tma):
     chunks = [(21, 70), (0, 45), (37, 3), (16, 33)]
     err = run_prefill(chunks, 4, 2, 16, 8, torch.float32, seed=block_m + block_n, block_m=block_m, block_n=block_n,
                       tma=tma)
+    assert err < TOL[torch.float32], err
+
+
+@pytest.mark.parametrize("mode", ["tma", "pointers", "cache_only"])
+@pytest.mark.parametrize("heads_first", [True, False])
+def test_prefill_growing_scores(mode, heads_first):
+    # scores growing along the sequence (by ~100 in log2 units): a row's running max jumps from
+    # key tile to key tile, so a missed or wrong rescale of acc and l shows (or overflows)
+    chunks = [(21, 70), (0, 45), (37, 3)]
+    err = run_prefill(chunks, 4, 2, 16, 8, torch.float32, seed=7, block_m=32, block_n=16, key_growth=4.0,
+                      new_kv=mode != "cache_only", tma=mode == "tma", heads_first=heads_first)
     assert err < TOL[torch.float32], err
 
 
@@ -191,8 +210,8 @@ def test_bad_inputs_are_value_errors():
         prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, k_new=torch.randn(2, 2, 32))
     with pytest.raises(ValueError, match="k_new/v_new"):
         prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, k_new=torch.randn(2, 4, 32), v_new=torch.randn(2, 4, 32))
-    with pytest.raises(ValueError, match="divide"):
-        prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, block_m=32, block_n=64)
+    with pytest.raises(ValueError, match="powers of two"):
+        prefill_attention(q, k, k, tables, qs, lens, 1, 1.0, block_m=48, block_n=16)
 
 
 FP8 = torch.float8_e4m3fn
@@ -273,3 +292,30 @@ def test_prefill_real_shapes(d, num_heads, hkv, block_size, tma):
 @pytest.mark.gpu
 def test_prefill_long_context():
     assert run_prefill([(28000, 4768), (0, 8191)], 32, 8, 128, 16, torch.bfloat16, seed=5) < 1.5e-2
+
+
+# the variants bench/gpu_kernels.py times (PREFILL_VARIANTS; {} = the wrapper's defaults)
+PREFILL_GPU_CONFIGS = [
+    {},
+    {"heads_first": False},
+    {"paged_stages": 3},
+    {"num_stages": 2},
+    {"block_m": 128, "num_warps": 8},
+    {"tma": True},
+]
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", range(len(PREFILL_GPU_CONFIGS)))
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("num_heads,hkv", [(32, 32), (32, 8)])
+def test_prefill_tile_configs(cfg, d, num_heads, hkv):
+    kw = PREFILL_GPU_CONFIGS[cfg]
+    chunks = [(0, 1), (0, 777), (1000, 255), (4095, 1), (16, 2049)]
+    assert run_prefill(chunks, num_heads, hkv, d, 16, torch.bfloat16, seed=d + hkv + cfg, **kw) < 1.5e-2
+    paged = {key: val for key, val in kw.items() if key != "tma"}             # no k_new / v_new: no TMA
+    assert run_prefill(chunks[1:4], num_heads, hkv, d, 16, torch.bfloat16, seed=cfg, new_kv=False, **paged) < 1.5e-2
+    # scores growing along a 4k prompt and after a prefix (the running max keeps moving)
+    assert run_prefill([(0, 4096), (700, 1300)], num_heads, hkv, d, 16, torch.bfloat16, seed=cfg + 1,
+                       key_growth=0.02, **kw) < 1.5e-2
