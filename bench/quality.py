@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -85,16 +86,23 @@ def main() -> None:
                     help="add / replace the measured variants' rows in the existing --out table (same "
                          "model, windows and sequence length) instead of writing a new one")
     args = ap.parse_args()
+    if args.update and not Path(args.out).exists():
+        raise SystemExit(f"--update: {args.out} does not exist (run without --update first)")
     old = json.loads(Path(args.out).read_text()) if args.update else None
-    if old and (old["model"], old["windows"], old["calib_windows"], old["seq_len"]) != (
-            args.model, args.windows, args.calib, args.seq_len):
+    here = (args.model, args.windows, args.calib, args.seq_len, torch.__version__, platform.python_version())
+    if old and (old["model"], old["windows"], old["calib_windows"], old["seq_len"], old["torch"],
+                old.get("python", here[-1])) != here:
         raise SystemExit(f"--update: {args.out} measured {old['model']} at {old['windows']} / {old['calib_windows']} "
-                         f"windows of {old['seq_len']}; this run would not be comparable")
+                         f"windows of {old['seq_len']} (torch {old['torch']}, Python {old.get('python')}); "
+                         f"this run ({here}) would not be comparable")
     torch.manual_seed(0)
     base = load_model(ModelConfig(model=args.model, dtype="float32"))
     evals = stdlib_windows(base.tokenizer, "eval", args.windows, args.seq_len)
     calib = stdlib_windows(base.tokenizer, "calib", args.calib, args.seq_len)
     ref_metrics, ref = evaluate(base.model, evals, None)
+    if old and abs(old["results"]["fp32 (peer)"]["ppl"] / ref_metrics["ppl"] - 1) > 1e-6:
+        raise SystemExit(f"--update: the fp32 peer measures {ref_metrics['ppl']:.6f} here, "
+                         f"{old['results']['fp32 (peer)']['ppl']:.6f} in {args.out}: the old rows are not comparable")
     linear_bytes = sum(p.numel() * 2 for n, p in base.model.named_parameters() if "layers." in n and "proj" in n)
     rows = {"fp32 (peer)": {**ref_metrics, "delta_ppl_pct": 0.0, "kl": 0.0, "top1_agreement": 1.0,
                             "linear_bytes_vs_bf16": 1.0, "quantize_s": 0.0}}
@@ -135,16 +143,16 @@ def main() -> None:
     if old:                                      # the other rows keep their figures and commits
         commits = {**old.get("row_commits", {n: old["commit"] for n in old["results"]}), **commits}
         rows = {**old["results"], **rows}
-    res = {"model": args.model, "commit": git_commit(), "row_commits": commits, "torch": torch.__version__, "windows": args.windows,
+    res = {"model": args.model, "commit": git_commit(), "row_commits": commits, "python": platform.python_version(), "torch": torch.__version__, "windows": args.windows,
            "calib_windows": args.calib, "seq_len": args.seq_len, "targets": TARGETS, "results": rows,
            "note": "SmolLM2's only shipped weights are a Q4_1 GGUF (4-bit, group 32, float min): the fp32 "
                    "peer is that model dequantized, so every 4-bit variant re-quantizes 4-bit weights onto "
                    "another grid (integer zero points, other groups)"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
-    print(f"\n{'variant':<30} {'ppl':>8} {'d ppl':>8} {'KL':>8} {'top-1':>7} {'bytes':>6}")
+    print(f"\n{'variant':<38} {'ppl':>8} {'d ppl':>8} {'KL':>8} {'top-1':>7} {'bytes':>6}")
     for name, m in rows.items():
-        print(f"{name:<30} {m['ppl']:>8.3f} {m['delta_ppl_pct']:>+7.2f}% {m['kl']:>8.4f} {m['top1_agreement']:>7.3f} "
+        print(f"{name:<38} {m['ppl']:>8.3f} {m['delta_ppl_pct']:>+7.2f}% {m['kl']:>8.4f} {m['top1_agreement']:>7.3f} "
               f"{m['linear_bytes_vs_bf16']:>6.3f}")
 
 

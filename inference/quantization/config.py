@@ -46,7 +46,7 @@ class QuantConfig:
             raise ValueError(f"quantization: act_order and awq_scales are gptq options, got method={self.method!r}")
         if self.awq_scales and (self.bits != 4 or self.symmetric):
             raise ValueError("quantization: awq_scales searches 4-bit asymmetric groups (bits=4, symmetric=False)")
-        if not isinstance(self.tune_epochs, int) or self.tune_epochs < 0:
+        if type(self.tune_epochs) is not int or self.tune_epochs < 0:
             raise ValueError(f"quantization tune_epochs: must be an integer >= 0, got {self.tune_epochs!r}")
         if self.tune_epochs and self.method == "rtn":
             raise ValueError("quantization: scale tuning (tune_epochs) needs calibration windows: method gptq or awq, "
@@ -92,7 +92,9 @@ class QuantConfig:
         """From a checkpoint's quantization_config; a clear error for what this engine cannot load."""
         method = qc.get("quant_method")
         bits, group = qc.get("bits"), qc.get("group_size", 128)
-        tuned = int(qc.get("scale_tuning_epochs", 0))
+        tuned = qc.get("scale_tuning_epochs", 0)
+        if type(tuned) is not int or tuned < 0:
+            raise ValueError(f"quantization_config: scale_tuning_epochs must be an integer >= 0, got {tuned!r}")
         if method == "awq":
             if qc.get("version", "gemm").lower() != "gemm":
                 raise ValueError(f"quantization_config: AWQ version {qc.get('version')!r} is not supported "

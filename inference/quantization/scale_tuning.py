@@ -21,9 +21,38 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from inference.quantization.calibration import causal_hidden
+from inference.quantization.int_quant import dequantize
 from inference.quantization.quant_linear import QuantLinear
 
 LEARNING_RATE = 1e-3       # on theta: a step moves a scale by ~0.1%
+
+
+class _ScaledCodes(torch.autograd.Function):
+    """y = x W^T (+ bias) with W = s * (q - z) rebuilt from the codes, differentiable in the scales
+    s [out, G] only. Saves x and the scales, never a dense W: a backward rebuilds W for one
+    linear at a time (autograd through `dequantize` would keep three [out, in] fp32 tensors a
+    linear alive for the whole model until the backward)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scales: torch.Tensor, m: QuantLinear) -> torch.Tensor:
+        ctx.m = m
+        ctx.save_for_backward(x, scales)
+        return F.linear(x, dequantize(m.codes(), scales, m.zeros, m.group_len, x.dtype),
+                        None if m.bias is None else m.bias.to(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, scales = ctx.saved_tensors
+        m = ctx.m
+        gy = grad_y.reshape(-1, m.out_features)
+        grad_x = (gy @ dequantize(m.codes(), scales, m.zeros, m.group_len, gy.dtype)).view_as(x)
+        # dL/ds[o, g] = sum over the group's columns i of dL/dW[o, i] * (q[o, i] - z[o, g])
+        unit = dequantize(m.codes(), torch.ones_like(scales), m.zeros, m.group_len, torch.float32)
+        grad_w = gy.float().t() @ x.reshape(-1, m.in_features).float()              # [out, in]
+        gl = m.group_len
+        per_col = F.pad(grad_w * unit, (0, -m.in_features % gl))                     # zeros: no weight
+        grad_s = per_col.view(m.out_features, -1, gl).sum(-1)
+        return grad_x, grad_s.to(scales.dtype), None
 
 
 @torch.no_grad()
@@ -36,20 +65,22 @@ def teacher_hidden(model: nn.Module, windows: list[list[int]]) -> list[torch.Ten
 @torch.enable_grad()
 def tune_scales(model: nn.Module, windows: list[list[int]], teacher: list[torch.Tensor], epochs: int,
                 lr: float = LEARNING_RATE, progress: bool = True, seed: int = 0) -> dict:
-    """Tune every QuantLinear's scales in place. Returns the mean training KL of the first and
-    the last epoch."""
-    if epochs < 1:
-        raise ValueError(f"scale tuning: epochs must be >= 1, got {epochs}")
+    """Tune every QuantLinear's scales in place (the model's other parameters and their
+    requires_grad flags are left as they were; an error or a diverged run keeps the untuned
+    scales). Returns the mean training KL of the first and the last epoch."""
+    if type(epochs) is not int or epochs < 1:
+        raise ValueError(f"scale tuning: epochs must be an integer >= 1, got {epochs!r}")
     if len(teacher) != len(windows) or not windows:
         raise ValueError(f"scale tuning: {len(windows)} windows but {len(teacher)} teacher outputs")
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not linears:
         raise ValueError("scale tuning: the model has no quantized linears")
-    start = {m: m.scales.clone() for m in linears}
     theta = {m: nn.Parameter(torch.zeros_like(m.scales)) for m in linears}
     frozen = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in frozen:
+    for p in model.parameters():
         p.requires_grad_(False)
+    for m in linears:                              # the layers call .forward directly (no hooks)
+        m.forward = (lambda x, m=m: _ScaledCodes.apply(x, m.scales * theta[m].exp(), m))
     steps = epochs * len(windows)
     opt = torch.optim.Adam(theta.values(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
@@ -61,8 +92,6 @@ def tune_scales(model: nn.Module, windows: list[list[int]], teacher: list[torch.
         for _ in range(epochs):
             total = 0.0
             for i in torch.randperm(len(windows), generator=order).tolist():
-                for m in linears:                  # a buffer may hold a non-leaf tensor: the
-                    m._buffers["scales"] = start[m] * theta[m].exp()   # forward reads it as usual
                 with torch.no_grad():
                     target = model.compute_logits(teacher[i]).float().log_softmax(-1)
                 logp = model.compute_logits(causal_hidden(model, windows[i])).float().log_softmax(-1)
@@ -77,10 +106,11 @@ def tune_scales(model: nn.Module, windows: list[list[int]], teacher: list[torch.
         done = all(bool(theta[m].isfinite().all()) for m in linears)
     finally:
         bar.close()
-        with torch.no_grad():                      # fp16-representable, as the checkpoint stores them;
-            for m in linears:                      # an interrupted or diverged run keeps GPTQ's
-                tuned = start[m] * theta[m].exp() if done else start[m]
-                m._buffers["scales"] = tuned.half().float().contiguous()
+        with torch.no_grad():
+            for m in linears:
+                del m.forward
+                if done:                           # fp16-representable, as the checkpoint stores them
+                    m.scales.copy_((m.scales * theta[m].exp()).half().float())
         for p, flag in frozen:
             p.requires_grad_(flag)
     if not done:

@@ -82,7 +82,7 @@ def quantize_model(model: LlamaForCausalLM, cfg: QuantConfig, windows: list[list
             linear = layer.get_submodule(name)
             codes, scales, zeros = quantize_rtn(linear.weight, cfg)
             replace_module(layer, name, QuantLinear(codes, scales, zeros, cfg, linear.bias))
-    cal = None                                     # the layer-wise states are not needed any more
+    cal = linears = None                           # the layer-wise states and the replaced fp linears
     tuning = tune_scales(model, windows, teacher, cfg.tune_epochs, progress=progress) if teacher else {}
     bytes_after = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     return {"linear_bytes_before": bytes_before, "linear_bytes_after": bytes_after, "awq_alphas": alphas,

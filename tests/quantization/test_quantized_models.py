@@ -66,7 +66,8 @@ def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group, act_orde
     calib = [rand_ids(64, s, vocab) for s in range(4)]
     cfg = QuantConfig(method, bits, group, symmetric=method == "rtn", act_order=act_order, awq_scales=awq_scales,
                       tune_epochs=tune)
-    quantize_model(lm.model, cfg, None if method == "rtn" else calib, progress=False)
+    info = quantize_model(lm.model, cfg, None if method == "rtn" else calib, progress=False)
+    assert bool(info["scale_tuning"]) == bool(tune)
     probe = rand_ids(33, 7, vocab)
     want = forward_logits(lm.model, probe)
     from inference.loader.presets import preset_config
@@ -74,6 +75,7 @@ def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group, act_orde
     save_quantized(lm.model, cfg, tmp_path, preset_config("tiny-gqa"), None, torch.float32)
     qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == ("awq" if method == "awq" else "gptq") and qc["bits"] == bits
+    assert QuantConfig.from_hf(qc) == cfg and qc.get("scale_tuning_epochs", 0) == tune
     if method != "awq":
         assert qc["desc_act"] == qc["static_groups"] == act_order
         assert QuantConfig.from_hf(qc) == cfg
@@ -104,7 +106,11 @@ def test_scale_tuning_lowers_its_objective_and_keeps_codes_and_zeros():
     linears = [m for m in lm.model.modules() if isinstance(m, QuantLinear)]
     before = [(m.qweight.clone(), m.zeros.clone(), m.scales.clone()) for m in linears]
     kl_before = kl()
+    lm.model.norm.weight.requires_grad_(True)      # the caller's flags come back as they were
+    flags = {n: p.requires_grad for n, p in lm.model.named_parameters()}
     info = tune_scales(lm.model, calib, teacher, epochs=3, lr=3e-3, progress=False)
+    assert {n: p.requires_grad for n, p in lm.model.named_parameters()} == flags
+    assert all(p.grad is None for p in lm.model.parameters())
     assert info["last_epoch_kl"] < info["first_epoch_kl"]
     kl_after = kl()
     assert kl_after < 0.8 * kl_before, (kl_before, kl_after)
@@ -112,12 +118,21 @@ def test_scale_tuning_lowers_its_objective_and_keeps_codes_and_zeros():
         assert torch.equal(m.qweight, codes) and torch.equal(m.zeros, zeros)
         assert not torch.equal(m.scales, scales) and torch.equal(m.scales, m.scales.half().float())
         assert not m.scales.requires_grad
-    with pytest.raises(ValueError, match="epochs must be >= 1"):
-        tune_scales(lm.model, calib, teacher, epochs=0)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="epochs must be an integer >= 1"):
+            tune_scales(lm.model, calib, teacher, epochs=bad)
+    tuned = [m.scales.clone() for m in linears]         # an error mid-run keeps the scales it had
+    with pytest.raises(RuntimeError):            # a teacher of the wrong length, found mid-epoch
+        tune_scales(lm.model, calib, teacher[:-1] + [teacher[-1][:0]], epochs=1, progress=False)
+    assert all(torch.equal(m.scales, s) for m, s in zip(linears, tuned))
+    assert all("forward" not in vars(m) for m in linears)
     with pytest.raises(ValueError, match="needs calibration windows"):
         QuantConfig("rtn", 4, 128, tune_epochs=1)
-    with pytest.raises(ValueError, match="integer >= 0"):
-        QuantConfig("gptq", 4, 128, tune_epochs=-1)
+    for bad in (-1, True):
+        with pytest.raises(ValueError, match="integer >= 0"):
+            QuantConfig("gptq", 4, 128, tune_epochs=bad)
+    with pytest.raises(ValueError, match="scale_tuning_epochs must be an integer"):
+        QuantConfig.from_hf({**QuantConfig("gptq", 4, 128).to_hf(), "scale_tuning_epochs": "x"})
 
 
 def test_awq_scaling_divides_each_hessian_by_s_s():
