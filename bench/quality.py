@@ -143,8 +143,8 @@ def main() -> None:
     if old:                                      # the other rows keep their figures and commits
         commits = {**old.get("row_commits", {n: old["commit"] for n in old["results"]}), **commits}
         rows = {**old["results"], **rows}
-    res = {"model": args.model, "commit": git_commit(), "row_commits": commits, "python": platform.python_version(), "torch": torch.__version__, "windows": args.windows,
-           "calib_windows": args.calib, "seq_len": args.seq_len, "targets": TARGETS, "results": rows,
+    res = {"model": args.model, "commit": git_commit(), "row_commits": commits, "python": platform.python_version(),
+           "torch": torch.__version__, "windows": args.windows, "calib_windows": args.calib, "seq_len": args.seq_len, "targets": TARGETS, "results": rows,
            "note": "SmolLM2's only shipped weights are a Q4_1 GGUF (4-bit, group 32, float min): the fp32 "
                    "peer is that model dequantized, so every 4-bit variant re-quantizes 4-bit weights onto "
                    "another grid (integer zero points, other groups)"}

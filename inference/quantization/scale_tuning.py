@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from inference.quantization.calibration import causal_hidden
-from inference.quantization.int_quant import dequantize
+from inference.quantization.int_quant import dequantize, expand
 from inference.quantization.quant_linear import QuantLinear
 
 LEARNING_RATE = 1e-3       # on theta: a step moves a scale by ~0.1%
@@ -45,9 +45,10 @@ class _ScaledCodes(torch.autograd.Function):
         x, scales = ctx.saved_tensors
         m = ctx.m
         gy = grad_y.reshape(-1, m.out_features)
-        grad_x = (gy @ dequantize(m.codes(), scales, m.zeros, m.group_len, gy.dtype)).view_as(x)
-        # dL/ds[o, g] = sum over the group's columns i of dL/dW[o, i] * (q[o, i] - z[o, g])
+        # W = s * (q - z): the unit weight (q - z) once, then dL/ds[o, g] = the sum over group g's
+        # columns i of dL/dW[o, i] * (q[o, i] - z[o, g])
         unit = dequantize(m.codes(), torch.ones_like(scales), m.zeros, m.group_len, torch.float32)
+        grad_x = (gy @ (unit * expand(scales, m.group_len, m.in_features)).to(gy.dtype)).view_as(x)
         grad_w = gy.float().t() @ x.reshape(-1, m.in_features).float()              # [out, in]
         gl = m.group_len
         per_col = F.pad(grad_w * unit, (0, -m.in_features % gl))                     # zeros: no weight

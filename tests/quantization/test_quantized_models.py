@@ -78,7 +78,6 @@ def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group, act_orde
     assert QuantConfig.from_hf(qc) == cfg and qc.get("scale_tuning_epochs", 0) == tune
     if method != "awq":
         assert qc["desc_act"] == qc["static_groups"] == act_order
-        assert QuantConfig.from_hf(qc) == cfg
         with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
             g_idx = f.get_tensor("model.layers.0.mlp.down_proj.g_idx").long()
         assert torch.equal(g_idx, torch.arange(len(g_idx)) // cfg.group_len(len(g_idx)))
