@@ -52,12 +52,14 @@ def family(name: str) -> str:
     return "other"
 
 
-def profile_run(variant: str, n: int) -> dict:
+def profile_run(variant: str, n: int, plain_only: bool = False) -> dict:
+    """variant: weights/kv[/max_num_seqs[/max_num_batched_tokens]] (defaults 512 / 8192)."""
     from torch.profiler import ProfilerActivity, profile
-    weights, kv = variant.split("/")
+    weights, kv, *rest = variant.split("/")
+    seqs, budget = (int(v) for v in (rest + ["512", "8192"][len(rest):]))
     llm = LLM("random:llama-2-7b", device="cuda", dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.9,
-              max_num_seqs=512, max_num_batched_tokens=8192, quantization=None if weights == "bf16" else weights,
-              kv_cache_dtype=kv)
+              max_num_seqs=seqs, max_num_batched_tokens=budget,
+              quantization=None if weights == "bf16" else weights, kv_cache_dtype=kv)
     vocab = 32000
     llm.generate(random_prompts(64, [128] * 64, vocab, seed=3),
                  SamplingParams(max_tokens=32, temperature=0, ignore_eos=True), use_tqdm=False)
@@ -70,6 +72,16 @@ def profile_run(variant: str, n: int) -> dict:
     t0 = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     plain_wall = time.perf_counter() - t0
+    if plain_only:
+        res = {"variant": variant, "requests": n, "plain_wall_s": plain_wall, "plain_output_tok_s": n * 128 / plain_wall,
+               "num_kv_blocks": llm.engine.runner.num_blocks, "num_preemptions": llm.engine.scheduler.num_preemptions}
+        log(f"\n== {variant}: {n * 128 / plain_wall:.0f} output tok/s (wall {plain_wall:.2f} s, "
+            f"{llm.engine.runner.num_blocks} KV blocks, "
+            f"{llm.engine.scheduler.num_preemptions} preemptions)")
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        return res
     fresh = random_prompts(n, [128] * n, vocab, seed=101)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
@@ -113,6 +125,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results/throughput_profile.json"))
     ap.add_argument("--variants", default="bf16/auto,fp8/auto,fp8/fp8_e4m3")
     ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--plain", action="store_true", help="wall time only, no profiled pass")
     ap.add_argument("--fp8-attn", default=None, help="warps/stages of the float8-cache decode attention, e.g. 4/1 "
                                                      "(an A/B against kernels.decode_attention.FP8_WARPS_STAGES)")
     args = ap.parse_args()
@@ -128,7 +141,7 @@ def main() -> None:
            "fp8_attn_warps_stages": decode_attention_module.FP8_WARPS_STAGES, "runs": []}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for v in args.variants.split(","):
-        res["runs"].append(profile_run(v, args.num_requests))
+        res["runs"].append(profile_run(v, args.num_requests, args.plain))
         Path(args.out).write_text(json.dumps(res, indent=1))
 
 
