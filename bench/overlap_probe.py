@@ -16,6 +16,11 @@ code is written:
                 run eagerly, in case a graph ran the streams' branches one after the other
     carve N     overlap with cuBLAS told to leave N SMs (torch._C._set_sm_carveout_experimental)
     green N     overlap with the GEMM stream in a green context of 132 - N SMs, attention in N
+                (torch carves each context from the whole GPU, so the two SM sets may overlap,
+                and Hopper hands out SMs in groups of 8: not a clean partition)
+
+Each layer here runs its four GEMMs, then its attention (a real layer puts attention between qkv
+and o): only the streams' ordering is under test.
 
 GEMMs per layer: qkv, o, gate_up, down on random bf16 weights (Llama-2-7B shapes); attention: the
 engine's paged decode kernel over a random bf16 cache, context 192. Timed as CUDA-graph replays
