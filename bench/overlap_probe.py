@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_kernels import log, paged_cache  # noqa: E402
+from gpu_kernels import log, paged_cache, timed_interleaved  # noqa: E402
 
 from kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 
@@ -147,18 +146,8 @@ def graph_of(fn):
 
 
 def time_round_robin(fns: dict, rounds: int = 15) -> dict:
-    for fn in fns.values():
-        fn()
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times[k].append(a.elapsed_time(b))
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Median ms per call of each fn, timed round-robin (gpu_kernels.timed_interleaved)."""
+    return {k: v * 1e3 for k, v in timed_interleaved(fns, rounds=rounds, calls=1).items()}
 
 
 def probe(batch: int, ctx: int, num_layers: int, carveouts: list[int], greens: list[int], sms: int) -> dict:
