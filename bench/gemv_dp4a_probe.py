@@ -123,20 +123,31 @@ def _dp4a_int4_gemv_kernel(QW, XHE, XLE, XHO, XLO, XS, XG, S, Z, OUT, N, NC, str
     tl.store(OUT + rn, acc.to(OUT.dtype.element_ty), mask=n_mask)
 
 
-def digits4(x: torch.Tensor, group: int = 128):
-    """For int4: x [K] -> int32 digit words of the even and odd columns of each 8-column chunk
-    (hi even, lo even, hi odd, lo odd), chunk scales, per-group sums of the digitised x."""
+def balanced_digits(x: torch.Tensor):
+    """x [K] (K % 8 == 0) -> (hi, lo, scale): per 8-column chunk c a power of two 2^e_c with
+    |x * 2^e_c| < 2^14, and signed-byte digits with x ~= scale_c * (256 * hi + lo); hi, lo int32
+    [K/8, 8], scale fp32 [K/8]."""
     xc = x.float().view(-1, 8)
     m = xc.abs().amax(1).clamp(min=1e-30)
     e = (13 - torch.floor(torch.log2(m))).clamp(-120, 120)
-    xi = torch.round(xc * torch.exp2(e)[:, None]).to(torch.int32)
+    xi = torch.round(xc * torch.exp2(e)[:, None]).to(torch.int32)           # |xi| <= 2^14
     lo = ((xi + 128) & 255) - 128
     hi = (xi - lo) >> 8
+    return hi, lo, torch.exp2(-e).float().contiguous()
+
+
+def digitised(hi: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The x the digits stand for, [K/8, 8] fp32."""
+    return (hi * 256 + lo).float() * scale[:, None]
+
+
+def digits4(x: torch.Tensor, group: int = 128):
+    """For int4: x [K] -> int32 digit words of the even and odd columns of each 8-column chunk
+    (hi even, lo even, hi odd, lo odd), chunk scales, per-group sums of the digitised x."""
+    hi, lo, scale = balanced_digits(x)
     pack = lambda d: d.to(torch.int8).contiguous().view(torch.int32).view(-1)    # noqa: E731
-    scale = torch.exp2(-e).float()
-    xg = ((hi * 256 + lo).float() * scale[:, None]).view(-1, group).sum(1)
-    return (pack(hi[:, 0::2]), pack(lo[:, 0::2]), pack(hi[:, 1::2]), pack(lo[:, 1::2]), scale.contiguous(),
-            xg.contiguous())
+    xg = digitised(hi, lo, scale).view(-1, group).sum(1)
+    return (pack(hi[:, 0::2]), pack(lo[:, 0::2]), pack(hi[:, 1::2]), pack(lo[:, 1::2]), scale, xg.contiguous())
 
 
 def dp4a_int4_gemv(qw32, dg, s, z, n, tiles, group=128):
@@ -151,16 +162,9 @@ def dp4a_int4_gemv(qw32, dg, s, z, n, tiles, group=128):
 
 def digits(x: torch.Tensor):
     """x [K] (K % 8 == 0) -> (hi words int64 [K/8], lo words, chunk scales 2^-e fp32, sum of the digitised x)."""
-    xc = x.float().view(-1, 8)
-    m = xc.abs().amax(1).clamp(min=1e-30)
-    e = (13 - torch.floor(torch.log2(m))).clamp(-120, 120)
-    xi = torch.round(xc * torch.exp2(e)[:, None]).to(torch.int32)           # |xi| <= 2^14
-    lo = ((xi + 128) & 255) - 128
-    hi = (xi - lo) >> 8
+    hi, lo, scale = balanced_digits(x)
     pack = lambda d: d.to(torch.int8).contiguous().view(torch.int64).view(-1)    # noqa: E731
-    scale = torch.exp2(-e).float()
-    x_sum = float(((hi * 256 + lo).float() * scale[:, None]).sum())
-    return pack(hi), pack(lo), scale.contiguous(), x_sum
+    return pack(hi), pack(lo), scale, float(digitised(hi, lo, scale).sum())
 
 
 def dp4a_gemv(qw64, xh, xl, xs, s, z, x_sum, n, tiles):

@@ -52,9 +52,46 @@ def family(name: str) -> str:
     return "other"
 
 
-def profile_run(variant: str, n: int, plain_only: bool = False) -> dict:
-    """variant: weights/kv[/max_num_seqs[/max_num_batched_tokens]] (defaults 512 / 8192)."""
+def profiled_run(llm: LLM, variant: str, n: int, params: SamplingParams, vocab: int, plain_wall: float,
+                 plain_tok_s: float) -> dict:
+    """The same workload on fresh prompts under torch.profiler: wall, kernel and idle time, and
+    kernel time by family."""
     from torch.profiler import ProfilerActivity, profile
+    fresh = random_prompts(n, [128] * n, vocab, seed=101)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        llm.generate(fresh, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
+            k = by_name[ev.name.split("(")[0][:90]]
+            k[0] += 1
+            k[1] += ev.device_time / 1e6                    # seconds
+    busy = sum(t for _, t in by_name.values())
+    fams: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for name, (c, t) in by_name.items():
+        f = fams[family(name)]
+        f[0] += c
+        f[1] += t
+    top = sorted(({"kernel": k, "launches": c, "s": t} for k, (c, t) in by_name.items()), key=lambda r: -r["s"])[:25]
+    res = {"profiled_wall_s": wall, "kernel_s": busy, "idle_s": wall - busy,
+           "families": {f: {"launches": c, "s": t, "share": t / busy} for f, (c, t) in
+                        sorted(fams.items(), key=lambda kv: -kv[1][1])},
+           "top_kernels": top}
+    log(f"\n== {variant}: {plain_tok_s:.0f} output tok/s (wall {plain_wall:.2f} s; profiled {wall:.2f} s, "
+        f"kernels {busy:.2f} s, idle {wall - busy:.2f} s)")
+    for f, r in res["families"].items():
+        log(f"  {f:32s} {r['s']:7.3f} s  {r['share']:6.1%}  {r['launches']:8.0f} launches")
+    for r in top[:12]:
+        log(f"    {r['s']:7.3f} s {r['launches']:7.0f}x  {r['kernel']}")
+    return res
+
+
+def profile_run(variant: str, n: int, plain_only: bool = False) -> dict:
+    """variant: weights/kv[/max_num_seqs[/max_num_batched_tokens]] (defaults 512 / 8192). The plain
+    run's wall time, then (unless plain_only) the profiled pass that explains it."""
     weights, kv, *rest = variant.split("/")
     seqs, budget = (int(v) for v in (rest + ["512", "8192"][len(rest):]))
     llm = LLM("random:llama-2-7b", device="cuda", dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.9,
@@ -70,50 +107,17 @@ def profile_run(variant: str, n: int, plain_only: bool = False) -> dict:
     # would hit the prefix cache and skip most of the prefill (runs 29-32 did; NOTES run 33)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     plain_wall = time.perf_counter() - t0
-    if plain_only:
-        res = {"variant": variant, "requests": n, "plain_wall_s": plain_wall, "plain_output_tok_s": n * 128 / plain_wall,
-               "num_kv_blocks": llm.engine.runner.num_blocks, "num_preemptions": llm.engine.scheduler.num_preemptions}
-        log(f"\n== {variant}: {n * 128 / plain_wall:.0f} output tok/s (wall {plain_wall:.2f} s, "
-            f"{llm.engine.runner.num_blocks} KV blocks, "
-            f"{llm.engine.scheduler.num_preemptions} preemptions)")
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-        return res
-    fresh = random_prompts(n, [128] * n, vocab, seed=101)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        outs = llm.generate(fresh, params, use_tqdm=False)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
-            k = by_name[ev.name.split("(")[0][:90]]
-            k[0] += 1
-            k[1] += ev.device_time / 1e6                    # seconds
-    busy = sum(t for _, t in by_name.values())
-    fams: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    for name, (c, t) in by_name.items():
-        f = fams[family(name)]
-        f[0] += c
-        f[1] += t
-    top = sorted(({"kernel": k, "launches": c, "s": t} for k, (c, t) in by_name.items()), key=lambda r: -r["s"])[:25]
     res = {"variant": variant, "requests": n, "output_tokens": n_out, "plain_wall_s": plain_wall,
-           "plain_output_tok_s": n_out / plain_wall, "profiled_wall_s": wall, "kernel_s": busy,
-           "idle_s": wall - busy, "num_kv_blocks": llm.engine.runner.num_blocks,
-           "families": {f: {"launches": c, "s": t, "share": t / busy} for f, (c, t) in
-                        sorted(fams.items(), key=lambda kv: -kv[1][1])},
-           "top_kernels": top}
-    log(f"\n== {variant}: {n_out / plain_wall:.0f} output tok/s (wall {plain_wall:.2f} s; profiled {wall:.2f} s, "
-        f"kernels {busy:.2f} s, idle {wall - busy:.2f} s)")
-    for f, r in res["families"].items():
-        log(f"  {f:32s} {r['s']:7.3f} s  {r['share']:6.1%}  {r['launches']:8.0f} launches")
-    for r in top[:12]:
-        log(f"    {r['s']:7.3f} s {r['launches']:7.0f}x  {r['kernel']}")
+           "plain_output_tok_s": n_out / plain_wall, "num_kv_blocks": llm.engine.runner.num_blocks,
+           "num_preemptions": llm.engine.scheduler.num_preemptions}
+    if plain_only:
+        log(f"\n== {variant}: {n_out / plain_wall:.0f} output tok/s (wall {plain_wall:.2f} s, "
+            f"{llm.engine.runner.num_blocks} KV blocks, {llm.engine.scheduler.num_preemptions} preemptions)")
+    else:
+        res.update(profiled_run(llm, variant, n, params, vocab, plain_wall, n_out / plain_wall))
     del llm
     gc.collect()
     torch.cuda.empty_cache()
