@@ -147,13 +147,22 @@ class InProcessClient:
             return self._usage.pop(request_id, None)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return self.embedder.embed(texts)
+        try:
+            return self.embedder.embed(texts)
+        except Exception as exc:        # the embedder failed to load or to run: an outage, not a bug here
+            raise InferenceError(f"embedding failed: {type(exc).__name__}: {exc}") from exc
 
     def count_tokens(self, text: str) -> int:
-        return len(self.engine.tokenizer.encode(text))
+        try:
+            return len(self.engine.tokenizer.encode(text))
+        except Exception as exc:        # the engine failed to load
+            raise InferenceError(f"tokenizer unavailable: {type(exc).__name__}: {exc}") from exc
 
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        try:
+            return self.engine.max_model_len
+        except Exception as exc:
+            raise InferenceError(f"engine unavailable: {type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
         if self._engine is not None:
@@ -232,6 +241,12 @@ class HttpClient:
             if request_id is not None:
                 with self._lock:
                     self._open[request_id] = resp
+            # a service that stops sending (hung, SIGSTOP) would hold this thread for the read
+            # time-out after every byte it did send: at the deadline the socket is shut down,
+            # which wakes the blocked read, so no request outlives total_s
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, (resp,))
+            watchdog.daemon = True
+            watchdog.start()
             try:
                 for line in resp.iter_lines(decode_unicode=True):
                     if time.monotonic() > deadline:
@@ -249,8 +264,11 @@ class HttpClient:
                 # cut off mid-stream, bad JSON, or closed by abort (urllib3 drops its fp)
                 if request_id is not None and request_id in self._aborted:
                     return
+                if time.monotonic() >= deadline:
+                    raise InferenceError(f"inference stream from {self.base_url} outlasted {self.total_s} s") from exc
                 raise InferenceError(f"inference stream from {self.base_url} broke: {exc}") from exc
             finally:
+                watchdog.cancel()
                 if request_id is not None:
                     with self._lock:
                         self._open.pop(request_id, None)
@@ -292,6 +310,17 @@ class HttpClient:
         return self._max_model_len
 
 
+def _shut_down(resp) -> None:
+    """Wake a read blocked on `resp`'s socket (closing the response alone does not)."""
+    import socket
+    sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+    try:
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass                                   # already closed
+
+
 def client_from_env(redis_url: str | None = None, config_path: str | None = None, **engine_args):
     """The configured chain (configs/reliability.yaml, INFERENCE_URL, INFERENCE_STANDBY_URL,
     STANDBY_MODEL, INFERENCE_API_KEY): the primary is the HTTP service at its URL or else the
@@ -299,7 +328,12 @@ def client_from_env(redis_url: str | None = None, config_path: str | None = None
     behind a circuit breaker (state in Redis when redis_url is given)."""
     import os
 
-    from pipelines.resilience import Endpoint, FallbackClient, ReliabilityConfig, make_breaker
+    from pipelines.resilience import (
+        Endpoint,
+        FallbackClient,
+        ReliabilityConfig,
+        make_breaker,
+    )
     cfg = ReliabilityConfig.load(config_path)
     t = cfg.timeouts
     key = os.environ.get("INFERENCE_API_KEY")

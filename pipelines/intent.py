@@ -13,6 +13,11 @@ Chinese above all.
 The best intent wins when its score clears `threshold` and beats the runner-up by `margin`;
 otherwise the message is ambiguous (intent "other", `confident` False) and the pipeline asks
 the user to clarify. `confidence` is a softmax over the scores, for display and metrics.
+
+Built with `embed=None` (no embedding endpoint answers: the inference service is down at boot)
+the detector is lexical only: the score is the lexical term alone, judged against
+`lexical_threshold`. That keeps "talk to a human" and the topic of a question recognisable while
+the web tier serves degraded answers.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from pipelines.embedding_cache import cached_embeddings, texts_key
 from pipelines.knowledge_base import tokenize
 
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "intents.yaml"
@@ -59,11 +65,16 @@ def load_intents(path: str | os.PathLike | None = None) -> dict[str, list[str]]:
 
 class IntentDetector:
     def __init__(self, intents: dict[str, list[str]], embed, threshold: float = 0.35, margin: float = 0.01,
-                 temperature: float = 0.05, lexical_weight: float = 0.3):
-        """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed)."""
+                 temperature: float = 0.05, lexical_weight: float = 0.3, lexical_threshold: float = 0.3,
+                 lexical_margin: float = 0.1, cache_dir: str | os.PathLike | None = None,
+                 model_name: str = "all-MiniLM-L6-v2"):
+        """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed), or None for a
+        lexical-only detector. With `cache_dir` the examples' embeddings are kept on disk
+        (pipelines/embedding_cache.py) and only a probe call is needed to rebuild."""
         self.names = list(intents)
         self.threshold, self.margin, self.temperature = threshold, margin, temperature
         self.lexical_weight = lexical_weight
+        self.lexical_threshold, self.lexical_margin = lexical_threshold, lexical_margin
         examples = [e for name in self.names for e in intents[name]]
         # lexical evidence per intent: its examples' tokens, weighted by how few intents use them
         self._intent_tokens = [set().union(*(_lexical_tokens(e) for e in intents[n])) for n in self.names]
@@ -72,32 +83,52 @@ class IntentDetector:
             for t in toks:
                 df[t] = df.get(t, 0) + 1
         self._idf = {t: float(np.log(1 + len(self.names) / d)) for t, d in df.items()}
-        vecs = np.asarray(embed(examples), dtype=np.float32)                      # [E, dim]
-        self._owner = np.repeat(np.arange(len(self.names)), [len(intents[n]) for n in self.names])
-        self._examples = vecs
-        centroids = np.stack([vecs[self._owner == i].mean(axis=0) for i in range(len(self.names))])
-        self._centroids = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)   # [I, dim]
+        self._examples = self._centroids = None
+        if embed is not None:
+            if cache_dir is None:
+                vecs = np.asarray(embed(examples), dtype=np.float32)              # [E, dim]
+            else:
+                vecs, _ = cached_embeddings(embed, examples, Path(cache_dir), texts_key("intents", model_name, examples))
+            self._owner = np.repeat(np.arange(len(self.names)), [len(intents[n]) for n in self.names])
+            self._examples = vecs
+            centroids = np.stack([vecs[self._owner == i].mean(axis=0) for i in range(len(self.names))])
+            self._centroids = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)   # [I, dim]
 
-    def classify(self, query_vec: np.ndarray, text: str = "") -> IntentResult:
-        sims = self._examples @ query_vec                                          # [E]
-        best = np.full(len(self.names), -1.0, dtype=np.float32)
-        np.maximum.at(best, self._owner, sims)
-        scores = 0.5 * best + 0.5 * (self._centroids @ query_vec)                 # [I]
+    @property
+    def lexical_only(self) -> bool:
+        return self._examples is None
+
+    def _lexical_scores(self, text: str) -> np.ndarray:
+        """[I] idf-weighted share of the query's tokens that each intent's examples use (unknown
+        tokens weigh as much as the rarest known ones)."""
         tokens = _lexical_tokens(text)
-        if tokens and self.lexical_weight:
-            # idf-weighted share of the query's tokens that an intent's examples use (unknown
-            # tokens weigh as much as the rarest known ones)
-            unknown = float(np.log(1 + len(self.names)))
-            weights = {t: self._idf.get(t, unknown) for t in tokens}
-            total = sum(weights.values())
-            lexical = np.array([sum(w for t, w in weights.items() if t in toks) / total
-                                for toks in self._intent_tokens], dtype=np.float32)
-            scores = scores + self.lexical_weight * lexical
+        if not tokens:
+            return np.zeros(len(self.names), dtype=np.float32)
+        unknown = float(np.log(1 + len(self.names)))
+        weights = {t: self._idf.get(t, unknown) for t in tokens}
+        total = sum(weights.values())
+        return np.array([sum(w for t, w in weights.items() if t in toks) / total
+                         for toks in self._intent_tokens], dtype=np.float32)
+
+    def classify(self, query_vec: np.ndarray | None, text: str = "") -> IntentResult:
+        """The intent of `text` (embedded as `query_vec`); with no vector, or on a lexical-only
+        detector, from the lexical score alone."""
+        if query_vec is None or self.lexical_only:
+            scores = self._lexical_scores(text)                                   # [I]
+            threshold, margin = self.lexical_threshold, self.lexical_margin
+        else:
+            sims = self._examples @ query_vec                                      # [E]
+            best = np.full(len(self.names), -1.0, dtype=np.float32)
+            np.maximum.at(best, self._owner, sims)
+            scores = 0.5 * best + 0.5 * (self._centroids @ query_vec)             # [I]
+            if self.lexical_weight:
+                scores = scores + self.lexical_weight * self._lexical_scores(text)
+            threshold, margin = self.threshold, self.margin
         order = np.argsort(-scores)
         top, second = int(order[0]), int(order[1])
         probs = np.exp((scores - scores[top]) / self.temperature)
         probs /= probs.sum()
-        confident = bool(scores[top] >= self.threshold and scores[top] - scores[second] >= self.margin)
+        confident = bool(scores[top] >= threshold and scores[top] - scores[second] >= margin)
         return IntentResult(self.names[top] if confident else FALLBACK_INTENT, self.names[top],
                             round(float(probs[top]), 4), confident,
                             self.names[second], {n: round(float(s), 4) for n, s in zip(self.names, scores)})

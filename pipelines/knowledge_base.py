@@ -9,6 +9,9 @@ The relevance gate is the best chunk's cosine similarity: below `min_similarity`
 as found and the bot says so instead of inventing an answer. Chunk embeddings are cached on disk,
 keyed by the folder's fingerprint (names, sizes, mtimes) and the embedding model, and the index
 is rebuilt when the folder changes (checked at most every `check_interval` seconds).
+
+Built with `embed=None` the index is lexical only (BM25, `search_lexical`): what the web tier
+serves from while no embedding endpoint answers.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 from rank_bm25 import BM25Okapi
+
+from pipelines.embedding_cache import cached_embeddings
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "kb"
@@ -95,7 +100,8 @@ def chunk_article(text: str, source: str) -> list[Chunk]:
 class KnowledgeBase:
     def __init__(self, embed, path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
                  min_similarity: float = 0.35, check_interval: float = 2.0, model_name: str = "all-MiniLM-L6-v2"):
-        """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed)."""
+        """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed), or None for a
+        lexical-only index."""
         self.path = Path(path or os.environ.get("KB_PATH") or DEFAULT_PATH)
         if not self.path.is_dir():
             raise ValueError(f"knowledge base: {self.path} is not a directory")
@@ -105,7 +111,8 @@ class KnowledgeBase:
         self._lock = threading.Lock()
         self._checked = 0.0
         self.fingerprint = ""
-        self._index: tuple[list[Chunk], np.ndarray, BM25Okapi] = ([], np.zeros((0, 0), np.float32), None)
+        # (chunks, [C, dim] embeddings or None when lexical only, BM25 over the chunks)
+        self._index: tuple[list[Chunk], np.ndarray | None, BM25Okapi] = ([], None, None)
         self.num_builds = 0
         self._reload(self._fingerprint())
 
@@ -125,27 +132,26 @@ class KnowledgeBase:
                   for c in chunk_article(p.read_text(encoding="utf-8", errors="replace"), str(p.relative_to(self.path)))]
         if not chunks:
             raise ValueError(f"knowledge base: no Markdown articles with text in {self.path}")
-        cache = self.cache_dir / f"{fingerprint}.npy"
         vecs = None
-        try:
-            vecs = np.load(cache) if cache.exists() else None
-        except (OSError, ValueError):
-            vecs = None                                     # unreadable cache: a miss
-        if vecs is None or vecs.shape[0] != len(chunks):
-            vecs = np.concatenate([np.asarray(self.embed([c.embedding_text for c in chunks[i:i + 256]]),
-                                              dtype=np.float32) for i in range(0, len(chunks), 256)])
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_dir / f"{fingerprint}.{os.getpid()}.{threading.get_ident()}.tmp.npy"
-            np.save(tmp, vecs)
-            tmp.replace(cache)
-            self.num_builds += 1
+        if self.embed is not None:
+            vecs = self._vectors(chunks, fingerprint)
         bm25 = BM25Okapi([tokenize(f"{c.title} {c.section} {c.text}") for c in chunks])
         self._index = (chunks, vecs, bm25)                  # one swap: searches never mix versions
         self.fingerprint = fingerprint
 
+    def _vectors(self, chunks: list[Chunk], fingerprint: str) -> np.ndarray:
+        """[C, dim] chunk embeddings: from the on-disk cache, else embedded now and cached."""
+        vecs, computed = cached_embeddings(self.embed, [c.embedding_text for c in chunks], self.cache_dir, fingerprint)
+        self.num_builds += computed
+        return vecs
+
     @property
     def chunks(self) -> list[Chunk]:
         return self._index[0]
+
+    @property
+    def lexical_only(self) -> bool:
+        return self._index[1] is None
 
     def refresh(self) -> None:
         """Rebuild the index if the folder changed (at most one check per check_interval). A
@@ -180,7 +186,7 @@ class KnowledgeBase:
         if not words:
             return []
         # the index holds words as written: let "refund" also match "refunds" and back
-        forms = {w: {w, w + "s", w[:-1] if w.endswith("s") else w} for w in words}
+        forms = {w: {w, w + "s", w.removesuffix("s")} for w in words}
         scores = bm25.get_scores(sorted(set().union(*forms.values())))
         out = []
         for i in np.argsort(-scores)[:k * 4]:
@@ -195,6 +201,8 @@ class KnowledgeBase:
         """Up to k passages, best first; [] when nothing clears the relevance gate."""
         self.refresh()
         chunks, vectors, bm25 = self._index
+        if vectors is None:
+            raise ValueError("knowledge base: a lexical-only index has no embeddings; use search_lexical")
         sims = vectors @ query_vec                                                   # [C]
         dense = np.argsort(-sims)[:depth]
         if sims[dense[0]] < self.min_similarity:

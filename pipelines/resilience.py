@@ -72,7 +72,7 @@ class ReliabilityConfig:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
 
     @classmethod
-    def load(cls, path: str | Path | None = None, env: dict | None = None) -> "ReliabilityConfig":
+    def load(cls, path: str | Path | None = None, env: dict | None = None) -> ReliabilityConfig:
         """configs/reliability.yaml, then INFERENCE_URL / INFERENCE_STANDBY_URL / STANDBY_MODEL
         and BREAKER_FAIL_MAX / BREAKER_RESET_S / TIMEOUT_{CONNECT,FIRST_TOKEN,TOTAL}_S from env."""
         env = os.environ if env is None else env
@@ -112,7 +112,10 @@ def make_breaker(name: str, policy: BreakerPolicy, redis_url: str | None = None,
     if redis_url:
         from pipelines.redis_client import connect
         # pybreaker's Redis storage wants bytes replies (no decode_responses)
-        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, connect(redis_url, decode_responses=False),
+        # fast failure: with Redis down pybreaker falls back to a closed state (and logs), and a
+        # call must not wait out retries on every breaker read
+        fast = connect(redis_url, decode_responses=False, retries=1, connect_timeout_s=0.5, timeout_s=1.0)
+        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, fast,
                                                 namespace=f"{namespace}:{name}")
     return pybreaker.CircuitBreaker(fail_max=policy.fail_max, reset_timeout=policy.reset_timeout_s,
                                     state_storage=storage, name=name, listeners=[_LogStateChanges()],

@@ -8,6 +8,10 @@
 `respond` yields ("token", text) events while the reply streams and ends with ("done", ChatReply).
 Canned replies (blocked, handoff, clarify, not found) never call the model. If generation fails,
 the reply degrades to the best passage with its citation and an offer of a human.
+
+Without embeddings (a lexical pipeline: detector and knowledge base built with `embed=None`, or
+the embedding call failing this turn) the turn takes the keyword path: keyword intent (so "talk
+to a human" still hands off) and BM25 retrieval, answered with the best excerpt, degraded.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from filters.injection import detect_injection
 from filters.pii import redact_pii
 from filters.stream_guard import StreamGuard
 from pipelines.inference_client import InferenceClient, InferenceError
-from pipelines.intent import FALLBACK_INTENT, IntentDetector, IntentResult
+from pipelines.intent import IntentDetector, IntentResult
 from pipelines.knowledge_base import KnowledgeBase, Passage
 from pipelines.prompt import build_messages
 
@@ -111,22 +115,18 @@ class SupportChat:
             reply = canned("blocked" if blocked == "banned_words" else "injection", clean_text)
             yield from self._canned(reply, ChatReply(reply, "blocked", 1.0, blocked=blocked))
             return
-        try:
-            qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
-        except InferenceError:
-            # no embeddings (the inference service is down): no intent; keyword search alone finds
-            # the help-centre excerpt the degraded reply quotes, with its citation and a human
-            passages = self.kb.search_lexical(clean_text, 1)
-            if passages:
-                yield from self._degraded(clean_text, passages, IntentResult(FALLBACK_INTENT, FALLBACK_INTENT, 0.0, False, None, {}), [])
-                return
-            reply = f"{canned('degraded', clean_text).split(':')[0]}. {canned('not_found', clean_text)}"
-            yield from self._canned(reply, ChatReply(reply, FALLBACK_INTENT, 0.0, degraded=True))
+        qvec = None
+        if not (self.detector.lexical_only or self.kb.lexical_only):
+            try:
+                qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
+            except InferenceError:
+                pass
+        if qvec is None:
+            yield from self._respond_lexical(clean_text)
             return
         intent = self.detector.classify(qvec, clean_text)
         if intent.intent == "human_agent":
-            reply = canned("handoff", clean_text)
-            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, handoff=True))
+            yield from self._handoff(clean_text, intent)
             return
         found = [] if intent.intent == "greeting" else self.kb.search(clean_text, qvec, self.top_k)
         if not found and intent.intent != "greeting":
@@ -165,6 +165,25 @@ class SupportChat:
             parts.append(tail)
             yield "token", tail
         yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, citations)
+
+    def _respond_lexical(self, text: str) -> Iterator[tuple[str, object]]:
+        """No embeddings (the inference service is down, or the pipeline was built while it was):
+        keyword intent and BM25 retrieval; the reply quotes the best help-centre excerpt with its
+        citation and offers a human, or hands off when that is what was asked."""
+        intent = self.detector.classify(None, text)
+        if intent.intent == "human_agent":
+            yield from self._handoff(text, intent)
+            return
+        passages = self.kb.search_lexical(text, 1)
+        if passages:
+            yield from self._degraded(text, passages, intent, [])
+            return
+        reply = f"{canned('degraded', text).split(':')[0]}. {canned('not_found', text)}"
+        yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, degraded=True))
+
+    def _handoff(self, text: str, intent: IntentResult) -> Iterator[tuple[str, object]]:
+        reply = canned("handoff", text)
+        yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, handoff=True))
 
     def _degraded(self, text: str, passages: list[Passage], intent, parts: list[str]) -> Iterator[tuple[str, object]]:
         """The model failed: end what was said, then the best passage with its citation."""

@@ -1,0 +1,44 @@
+"""Embeddings kept on disk, so a process that starts (or upgrades from degraded mode) loads them
+instead of embedding again: the knowledge base's chunks and the intents' examples.
+
+    <cache_dir>/<key>.npy     [N, dim] float32, written to a temporary file and renamed
+
+The key names what was embedded (a fingerprint of the texts or files, and the model); a file
+that cannot be read, or holds another number of rows, is a miss.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 256
+
+
+def texts_key(prefix: str, model_name: str, texts: Sequence[str]) -> str:
+    h = hashlib.sha256(model_name.encode())
+    for t in texts:
+        h.update(t.encode("utf-8", errors="replace") + b"\x00")
+    return f"{prefix}-{h.hexdigest()[:24]}"
+
+
+def cached_embeddings(embed: Callable, texts: Sequence[str], cache_dir: Path, key: str) -> tuple[np.ndarray, bool]:
+    """([N, dim] embeddings of `texts`, whether they were computed now rather than loaded)."""
+    cache = Path(cache_dir) / f"{key}.npy"
+    try:
+        vecs = np.load(cache) if cache.exists() else None
+    except (OSError, ValueError):
+        vecs = None                                     # unreadable cache: a miss
+    if vecs is not None and vecs.shape[0] == len(texts):
+        return vecs, False
+    vecs = np.concatenate([np.asarray(embed(list(texts[i:i + BATCH])), dtype=np.float32)
+                           for i in range(0, len(texts), BATCH)])
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.parent / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp.npy"
+    np.save(tmp, vecs)
+    tmp.replace(cache)
+    return vecs, True
