@@ -6,18 +6,23 @@ engine's OpenAI-compatible routes beside it).
 config keys (defaults from the environment): REDIS_URL (sessions + Celery broker; in-process
 store and eager tasks without it), SESSION_TTL, MAX_MESSAGE_CHARS, KB_PATH, KB_CACHE_DIR,
 INTENTS_PATH, BANNED_WORDS_PATH, TENANTS_PATH, CHAT_TEMPERATURE (0.7), CHAT_MAX_TOKENS (512),
-CHAT_PROMPT_BUDGET (1400 tokens), ENGINE_ARGS (for the in-process engine), RATE_LIMITS (else
-configs/limits.yaml, app/limits.py). The inference chain
+CHAT_PROMPT_BUDGET (1400 tokens), CHAT_BUILD_WAIT_S (1.0: how long a turn waits for the first
+build of the full pipeline before answering degraded), CHAT_REBUILD_MAX_S (2.0: the longest
+wait between rebuild attempts while embeddings are down), CHAT_MAX_TURNS (48: chat turns in
+flight at once, streamed or not; more get 503 with Retry-After), CELERY_BROKER_URL (default REDIS_URL), ENGINE_ARGS (for the
+in-process engine), RATE_LIMITS (else configs/limits.yaml, app/limits.py). The inference chain
 (primary, hot standby, breakers, time-outs) comes from configs/reliability.yaml and its
 environment overrides (pipelines/resilience.py).
 """
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
-from flask import Flask, Response, abort, jsonify, send_from_directory
+from flask import Flask, Response, abort, jsonify, request, send_from_directory
 from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
 
 from app.chat import bp as chat_bp
 from app.completion import bp as completion_bp
@@ -25,10 +30,12 @@ from app.completion import init_completion
 from app.jobs import bp as jobs_bp
 from app.knowledge_base import bp as kb_bp
 from app.limits import init_limits
-from app.schemas import METRICS, Status
+from app.readiness import Readiness
+from app.schemas import METRICS, Readyz, Status
 from app.services import ChatServices
-from app.store import MemoryStore, RedisStore
-from app.tasks import celery_init_app
+from app.store import MemoryStore
+from app.store_buffer import BufferedRedisStore, StoreUnavailable
+from app.tasks import BrokerUnavailable, celery_init_app
 from app.tenants import TenantRegistry
 from inference.server_openapi import build_spec, documented
 from monitoring.reliability_metrics import ReliabilityCollector
@@ -54,6 +61,10 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         CHAT_TEMPERATURE=float(os.environ.get("CHAT_TEMPERATURE", "0.7")),
         CHAT_MAX_TOKENS=int(os.environ.get("CHAT_MAX_TOKENS", "512")),
         CHAT_PROMPT_BUDGET=int(os.environ.get("CHAT_PROMPT_BUDGET", "1400")),
+        CHAT_BUILD_WAIT_S=float(os.environ.get("CHAT_BUILD_WAIT_S", "1.0")),
+        CHAT_REBUILD_MAX_S=float(os.environ.get("CHAT_REBUILD_MAX_S", "2.0")),
+        CHAT_MAX_TURNS=int(os.environ.get("CHAT_MAX_TURNS", "48")),
+        CELERY_BROKER_URL=os.environ.get("CELERY_BROKER_URL"),
     )
     app.config.update(config or {})
     if app.config["KB_PATH"]:              # one meaning for the index and the /kb/ links
@@ -63,7 +74,8 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     # redelivers an unacknowledged task after visibility_timeout, so it must exceed the longest
     # task's time limit (app/tasks.py) or a running task would be handed out twice
     visibility = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT_S", "7200"))
-    app.config.setdefault("CELERY", {"broker_url": url, "result_backend": url, "task_always_eager": not url,
+    broker = (app.config["CELERY_BROKER_URL"] or url) if url else None
+    app.config.setdefault("CELERY", {"broker_url": broker, "result_backend": url, "task_always_eager": not url,
                                       "task_ignore_result": False, "task_acks_late": True,
                                       "task_reject_on_worker_lost": True, "broker_connection_retry_on_startup": True,
                                       "broker_transport_options": {"visibility_timeout": visibility},
@@ -71,9 +83,10 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     celery_init_app(app)
     ttl = app.config["SESSION_TTL"]
     app.extensions["support_chat"] = {
-        "store": RedisStore(url, ttl) if url else MemoryStore(ttl),
+        "store": BufferedRedisStore(url, ttl) if url else MemoryStore(ttl),
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
         "services": ChatServices(app.config, client),
+        "turn_slots": threading.BoundedSemaphore(app.config["CHAT_MAX_TURNS"]),      # app/chat.py
     }
     registry = CollectorRegistry()
     web_metrics = WebMetrics(registry)
@@ -104,13 +117,15 @@ def create_app(config: dict | None = None, client=None) -> Flask:
         """Liveness."""
         return jsonify({"status": "ok"})
 
+    readiness = Readiness(app)
+
     @app.get("/readyz")
-    @documented(responses={200: Status, 503: Status}, tags=("operations",))
+    @documented(responses={200: Readyz, 503: Readyz}, tags=("operations",))
     def readyz():
-        """Readiness: 503 until the chat pipeline (embedder, intents, KB index) is built."""
-        if services.ready:
-            return jsonify({"status": "ready"})
-        return jsonify({"status": "warming"}), 503, {"Retry-After": "5"}
+        """Readiness: can serve customers, maybe degraded (app/readiness.py). 503 only while the
+        first build of the chat pipeline runs, or when it cannot be built at all."""
+        body, status = readiness.report()
+        return jsonify(body), status, ({"Retry-After": "5"} if status == 503 else {})
 
     @app.get("/openapi.json")
     def openapi():
@@ -133,6 +148,18 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     @app.errorhandler(405)
     def _not_allowed(_exc):
         return jsonify({"error": "method not allowed"}), 405
+
+    @app.errorhandler(StoreUnavailable)
+    @app.errorhandler(BrokerUnavailable)
+    @app.errorhandler(RedisError)
+    def _dependency_down(exc):
+        """An outage is neither the client's fault (4xx) nor a bare 500: 503 and when to retry."""
+        app.logger.warning("dependency unavailable on %s: %s", request.path, exc)
+        what = str(exc) if not isinstance(exc, RedisError) else "a backing store (Redis) is unavailable"
+        message = f"{what}; retry after the Retry-After seconds"
+        body = {"error": {"message": message, "type": "service_unavailable"}} \
+            if request.path.startswith("/v1/") else {"error": message}
+        return jsonify(body), 503, {"Retry-After": "5"}
 
     @app.errorhandler(Exception)
     def _unexpected(exc):

@@ -11,7 +11,6 @@ import argparse
 import logging
 import os
 import sys
-import threading
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -36,13 +35,14 @@ def serve(args: argparse.Namespace) -> int:
                            on_exit=client.close)
     app.install()                                # SIGTERM: refuse new requests, finish streams, exit
     services = web.extensions["support_chat"]["services"]
-    threading.Thread(target=services.warm_up, name="warm-up", daemon=True).start()   # /readyz turns 200
+    services.start()   # /readyz turns 200
     base = f"http://{args.host}:{args.port}"
     print(f"Support chat demo:   {base}/\nChat API:            {base}/api/chat  (X-Site-Key: demo-site-key)\n"
           + (f"OpenAI-compatible:   {base}/inference/v1  (model {primary.model})\n" if mounts else
              f"Inference service:   {os.environ.get('INFERENCE_URL')}\n"), flush=True)
     waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
-                   channel_request_lookahead=1, connection_limit=args.threads + 64, channel_timeout=300,
+                   channel_request_lookahead=1, connection_limit=args.connection_limit, channel_timeout=300,
+                   asyncore_use_poll=True,                 # select() stops at 1024 descriptors
                    ident="support-app")
     return 0
 
@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=64)
+    # connections are cheap in waitress's event loop (a thread is held only while a request runs):
+    # accept many, and let CHAT_MAX_TURNS answer 503 past what the threads can serve, instead of
+    # leaving connections unaccepted in the kernel's backlog until the client times out
+    p.add_argument("--connection-limit", type=int, default=int(os.environ.get("WEB_CONNECTION_LIMIT", "2000")))
     h = sub.add_parser("hash-key", help="print the tenants.yaml entry (sha256:...) for an API key")
     h.add_argument("key")
     args = parser.parse_args(argv)

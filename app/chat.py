@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from dataclasses import asdict
 
@@ -51,14 +52,15 @@ MAX_HISTORY = 40                # most recent messages a turn reads (the prompt 
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
 
 
 @bp.errorhandler(ApiError)
 def _api_error(exc: ApiError):
-    return jsonify({"error": exc.message}), exc.status
+    return jsonify({"error": exc.message}), exc.status, ({"Retry-After": str(exc.retry_after)}
+                                                          if exc.retry_after else {})
 
 
 def _ext() -> dict:
@@ -112,7 +114,9 @@ def _session(sid: str) -> str:
     return sid
 
 
-_ERRORS = error_responses(Error, 401, 403, 429)          # every route: site key, origin, rate limit
+# every route: site key, origin, rate limit; the session store unavailable (Redis down, a session
+# this process has not mirrored)
+_ERRORS = error_responses(Error, 401, 403, 429, 503)
 _IN_SESSION = {**_ERRORS, **error_responses(Error, 400, 404, 413)}
 
 
@@ -156,6 +160,36 @@ def post_message(sid: str):
         content.encode("utf-8")
     except UnicodeEncodeError:
         raise ApiError(400, "content: contains an unpaired surrogate (\\ud800-\\udfff)") from None
+    slot = _TurnSlot(_ext()["turn_slots"])
+    try:
+        resp = _turn(sid, tid, store, services, content, stream, slot)
+    except BaseException:
+        slot.release()
+        raise
+    resp.call_on_close(slot.release)          # a stream the client dropped before it started
+    return resp
+
+
+class _TurnSlot:
+    """One of CHAT_MAX_TURNS chat turns in flight, taken now or 503 + Retry-After: a turn holds a
+    request thread while it generates, and past that many, new customers and every other call
+    would queue behind them. Released once, however many paths release it."""
+
+    def __init__(self, slots: threading.BoundedSemaphore):
+        if not slots.acquire(blocking=False):
+            raise ApiError(503, "too many conversations in progress; retry after the Retry-After seconds",
+                           retry_after=2)
+        self._slots, self._lock, self._held = slots, threading.Lock(), True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._held:
+                self._held = False
+                self._slots.release()
+
+
+def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot: _TurnSlot) -> Response:
+    """One chat turn; the turn slot is released when the reply (or its stream) ends."""
     chat = services.chat
     clean, blocked = chat.clean_input(content.strip(), g.tenant.tenant)
     if blocked is None:
@@ -185,9 +219,12 @@ def post_message(sid: str):
 
     if not stream:
         reply = None
-        for kind, value in events:
-            if kind == "done":
-                reply = value
+        try:
+            for kind, value in events:
+                if kind == "done":
+                    reply = value
+        finally:
+            slot.release()
         metrics.first_token.observe(time.time() - asked_at)          # the whole reply is its first text
         return jsonify(finish(reply))
 
@@ -205,6 +242,8 @@ def post_message(sid: str):
         except Exception as exc:                      # the stream has started: report in-band
             log.exception("chat turn failed")
             yield f"event: error\ndata: {json.dumps({'error': type(exc).__name__})}\n\n"
+        finally:
+            slot.release()                            # also when the client went away mid-stream
 
     return Response(stream_with_context(sse()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -248,5 +287,5 @@ def _start_handoff(tid: str, sid: str) -> None:
     if (store.meta(tid, sid) or {}).get("status") == "pending_human":
         return
     store.set_meta(tid, sid, status="pending_human")
-    from app.tasks import start, summarize_handoff
-    start(summarize_handoff, tid, sid)
+    from app.tasks import start_or_queue, summarize_handoff
+    start_or_queue(summarize_handoff, tid, sid)            # the broker down: sent once it is back

@@ -52,7 +52,7 @@ from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
 EVENT_TYPES = ("view", "select", "dismiss")
-API_ERRORS = error_responses(ApiError, 400, 401, 413, 429)      # every authenticated route
+API_ERRORS = error_responses(ApiError, 400, 401, 413, 429, 503)   # every authenticated route
 
 
 class CompletionStats:
@@ -247,11 +247,15 @@ def index_repository():
         return _error(403, "path: not under an allowed repository root (COMPLETION_REPO_ROOTS)")
     if not real.is_dir():
         return _error(400, f"path: {path} is not a directory")
+    from app.tasks import BrokerUnavailable, start
     from app.tasks import index_repository as task
-    from app.tasks import start
     job_id = uuid.uuid4().hex
     _ext()["jobs"].set(job_id, status="queued", name=name)
-    start(task, job_id, name, str(real))
+    try:
+        start(task, job_id, name, str(real))
+    except BrokerUnavailable as exc:                   # the app answers 503; the job says why
+        _ext()["jobs"].set(job_id, status="failed", error=str(exc))
+        raise
     return jsonify({"job_id": job_id, "status": "queued"}), 202
 
 

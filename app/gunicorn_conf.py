@@ -10,7 +10,6 @@ Prometheus multiprocess mode: every worker writes its metrics under PROMETHEUS_M
 from __future__ import annotations
 
 import os
-import threading
 
 bind = os.environ.get("WEB_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("WEB_WORKERS", "2"))
@@ -37,6 +36,7 @@ def child_exit(server, worker):
 
 
 def post_worker_init(worker):
-    """Each worker builds its chat pipeline at start; its /readyz is 503 until then."""
+    """Each worker starts building its chat pipeline (app/services.py); /readyz is 503 until the
+    first attempt ended, then 200, degraded or not."""
     services = worker.wsgi.extensions["support_chat"]["services"]
-    threading.Thread(target=services.warm_up, name="warm-up", daemon=True).start()
+    services.start()

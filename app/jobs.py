@@ -111,8 +111,14 @@ def submit():
     found = _store().create(job_id, g.api_tenant, items, key)
     if found != job_id:                                  # the same key: the job it started
         return jsonify(_view(found)), 200
-    from app.tasks import run_batch, start
-    start(run_batch, job_id)
+    from app.tasks import BrokerUnavailable, run_batch, start
+    try:
+        start(run_batch, job_id)
+    except BrokerUnavailable as exc:
+        # not accepted: forget the job (and its key), so the client's retry creates it afresh
+        _store().discard(job_id, g.api_tenant, key)
+        body, status = _error(503, f"{exc}; retry after the Retry-After seconds")
+        return body, status, {"Retry-After": "5"}
     return jsonify(_view(job_id)), 202
 
 

@@ -27,10 +27,14 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 @documented(responses={202: RepositoryQueued, **API_ERRORS}, tags=("knowledge base",))
 def reindex():
     """Queue a re-index of the knowledge base (embeds only what changed)."""
-    from app.tasks import index_knowledge_base, start
+    from app.tasks import BrokerUnavailable, index_knowledge_base, start
     job_id = uuid.uuid4().hex
     current_app.extensions["completion"]["jobs"].set(job_id, status="queued", kind="kb")
-    start(index_knowledge_base, job_id)
+    try:
+        start(index_knowledge_base, job_id)
+    except BrokerUnavailable as exc:                   # the app answers 503; the job says why
+        current_app.extensions["completion"]["jobs"].set(job_id, status="failed", error=str(exc))
+        raise
     return jsonify({"job_id": job_id, "status": "queued"}), 202
 
 

@@ -39,6 +39,15 @@ class Status(BaseModel):
     status: str
 
 
+class Readyz(BaseModel):
+    """/readyz (app/readiness.py): status ready | degraded | warming | unavailable."""
+    status: Literal["ready", "degraded", "warming", "unavailable"]
+    degraded: list[str] = Field(default_factory=list, description="the dependencies that are down")
+    error: str | None = None
+    dependencies: dict[str, dict[str, Any]] = Field(description="inference_primary, inference_standby, "
+                                                    "embeddings, kb_index, redis, celery_broker: each a state and details")
+
+
 # ---- support chat ------------------------------------------------------------------------------
 class SessionPath(BaseModel):
     sid: str = Field(description="a session id from POST /api/chat/sessions (unknown or expired: 404)")

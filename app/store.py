@@ -37,17 +37,29 @@ return n - 1
 """
 
 
+def new_session_meta() -> tuple[str, dict]:
+    """A fresh session id and its first meta fields."""
+    return secrets.token_urlsafe(16), {"status": "open", "created": f"{time.time():.3f}"}
+
+
+def new_op_id() -> str:
+    """The guard that makes one append land once, however often it is sent."""
+    return secrets.token_hex(8)
+
+
 class RedisStore:
-    def __init__(self, url: str, ttl: int = 7 * 24 * 3600):
+    def __init__(self, url: str, ttl: int = 7 * 24 * 3600, **connect_kw):
         from pipelines.redis_client import connect
-        self.r = connect(url)
+        self.r = connect(url, **connect_kw)
         self.ttl = ttl
         self._append_script = self.r.register_script(_APPEND_ONCE)
 
-    def create(self, tenant: str) -> str:
-        sid = secrets.token_urlsafe(16)
+    def create(self, tenant: str, sid: str | None = None, meta: dict | None = None) -> str:
+        """A new session; `sid` / `meta` replay one created while Redis was down."""
+        if sid is None:
+            sid, meta = new_session_meta()
         with self.r.pipeline() as p:
-            p.hset(_key(tenant, sid, "meta"), mapping={"status": "open", "created": f"{time.time():.3f}"})
+            p.hset(_key(tenant, sid, "meta"), mapping=meta)
             p.expire(_key(tenant, sid, "meta"), self.ttl)
             p.execute()
         return sid
@@ -62,14 +74,16 @@ class RedisStore:
     def messages(self, tenant: str, sid: str) -> list[dict]:
         return [json.loads(m) for m in self.r.lrange(_key(tenant, sid, "messages"), 0, -1)]
 
-    def _append_once(self, tenant: str, sid: str, part: str, record: dict, also: tuple[str, ...] = ()) -> int:
-        op = _key(tenant, sid, f"op:{secrets.token_hex(8)}")
+    def _append_once(self, tenant: str, sid: str, part: str, record: dict, also: tuple[str, ...] = (),
+                     op_id: str | None = None) -> int:
+        op = _key(tenant, sid, f"op:{op_id or new_op_id()}")
         keys = [_key(tenant, sid, part), op, *(_key(tenant, sid, a) for a in also)]
         return int(self._append_script(keys=keys, args=[json.dumps(record, ensure_ascii=False), self.ttl]))
 
-    def append(self, tenant: str, sid: str, message: dict) -> int:
-        """Appends once (also across retries); returns the message's index."""
-        return self._append_once(tenant, sid, "messages", message, also=("meta",))
+    def append(self, tenant: str, sid: str, message: dict, op_id: str | None = None) -> int:
+        """Appends once (also across retries, and across replays of one `op_id`); returns the
+        message's index."""
+        return self._append_once(tenant, sid, "messages", message, also=("meta",), op_id=op_id)
 
     def set_meta(self, tenant: str, sid: str, **fields: str) -> None:
         """Updates an existing session only (a late task must not revive an expired one)."""
@@ -84,8 +98,8 @@ class RedisStore:
                 p.expire(key, max(int(ttl), 1))
                 p.execute()
 
-    def add_feedback(self, tenant: str, sid: str, record: dict) -> None:
-        self._append_once(tenant, sid, "feedback", record)
+    def add_feedback(self, tenant: str, sid: str, record: dict, op_id: str | None = None) -> None:
+        self._append_once(tenant, sid, "feedback", record, op_id=op_id)
 
     def feedback(self, tenant: str, sid: str) -> list[dict]:
         return [json.loads(m) for m in self.r.lrange(_key(tenant, sid, "feedback"), 0, -1)]
@@ -108,14 +122,14 @@ class MemoryStore:
         return item
 
     def create(self, tenant: str) -> str:
-        sid = secrets.token_urlsafe(16)
+        sid, meta = new_session_meta()
         with self._lock:
             self._created += 1
             if self._created % 256 == 0:      # sweep expired sessions now and then
                 now = time.time()
                 for key in [k for k, v in self._data.items() if v["expires"] < now]:
                     del self._data[key]
-            self._data[f"{tenant}:{sid}"] = {"meta": {"status": "open", "created": f"{time.time():.3f}"},
+            self._data[f"{tenant}:{sid}"] = {"meta": meta,
                                              "messages": [], "feedback": [], "expires": time.time() + self.ttl}
         return sid
 
@@ -217,6 +231,22 @@ class BatchStore(JobStore):
                 self._mem[self._key(job_id, "items")] = payload
         self.set(job_id, tenant=tenant_id, status="queued", total=len(items), done=0, kind="generate")
         return job_id
+
+    def discard(self, job_id: str, tenant_id: str, idempotency_key: str | None) -> None:
+        """Forget a job that was never queued (its idempotency key too, if it still names it)."""
+        ikey = f"idem:{tenant_id}:{idempotency_key}" if idempotency_key else None
+        keys = [f"job:{job_id}", self._key(job_id, "items"), self._key(job_id, "results")]
+        if self.r is not None:
+            if ikey and self.r.get(ikey) == job_id:
+                keys.append(ikey)
+            self.r.delete(*keys)
+            return
+        with self._lock:
+            for key in keys:
+                self._mem.pop(key, None)
+            idem = self._mem.get("__idem__", {})
+            if ikey and idem.get(ikey) == job_id:
+                del idem[ikey]
 
     def items(self, job_id: str) -> list[dict]:
         raw = self.r.lrange(self._key(job_id, "items"), 0, -1) if self.r is not None else \

@@ -31,11 +31,30 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app.config_from_object(app.config["CELERY"])
     celery_app.set_default()
     app.extensions["celery"] = celery_app
+    from app.outbox import Outbox
+    app.extensions["outbox"] = Outbox(publish)
     return celery_app
 
 
+class BrokerUnavailable(RuntimeError):
+    """The Celery broker did not take the task (it is down or unreachable)."""
+
+
+# one quick retry, not kombu's default three with growing waits: a request must not hang on a
+# broker that is down (the caller answers 503 or leaves the task to the outbox)
+PUBLISH_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+
+
+def publish(task, args: tuple) -> None:
+    try:
+        task.apply_async(args=args, retry=True, retry_policy=PUBLISH_RETRY)
+    except Exception as exc:        # kombu OperationalError, redis ConnectionError, socket errors
+        raise BrokerUnavailable(f"the job queue (Celery broker) is unavailable: {type(exc).__name__}") from exc
+
+
 def start(task, *args) -> None:
-    """Queue a task; in eager mode run it on a daemon thread instead of inside the request."""
+    """Queue a task; in eager mode run it on a daemon thread instead of inside the request.
+    Raises BrokerUnavailable when the broker does not take it."""
     if current_app.extensions["celery"].conf.task_always_eager:
         app = current_app._get_current_object()
 
@@ -44,7 +63,16 @@ def start(task, *args) -> None:
                 task.apply(args=args)
         threading.Thread(target=run, daemon=True, name=f"task-{task.name}").start()
     else:
-        task.delay(*args)
+        publish(task, args)
+
+
+def start_or_queue(task, *args) -> None:
+    """Queue a task, or, while the broker is down, keep it in this process's outbox
+    (app/outbox.py) until the broker takes it."""
+    try:
+        start(task, *args)
+    except BrokerUnavailable:
+        current_app.extensions["outbox"].put(task, args)
 
 
 def extractive_summary(messages: list[dict]) -> str:

@@ -23,6 +23,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests drive the APIs from one address far faster than a person: the shipped per-IP and per-key
 # limits would turn later requests into 429s. tests/app/test_rate_limits.py sets its own limits.
+# Apps built in a test have no serve-time warm-up thread: their first chat turn waits for the full
+# pipeline's first build (as a started server's warm-up does) instead of answering degraded.
+os.environ.setdefault("CHAT_BUILD_WAIT_S", "300")
 for _var in ("RATE_LIMIT_PER_IP", "RATE_LIMIT_PER_SITE_KEY", "RATE_LIMIT_PER_API_KEY"):
     os.environ.setdefault(_var, "100000 per second")
 

@@ -181,11 +181,18 @@ def test_bad_requests_get_clear_4xx(client):
     assert client.get(f"/api/chat/sessions/{sid}", headers=KEY).get_json()["messages"] == []
 
 
-def test_readyz_is_503_until_the_chat_pipeline_is_built(tiny_client, tmp_path):
+def test_readyz_is_503_while_the_first_build_runs_then_ready_with_dependencies(tiny_client, tmp_path):
     app = create_app({"KB_CACHE_DIR": str(tmp_path / "kb"), "REDIS_URL": None}, client=tiny_client)
     web = app.test_client()
-    resp = web.get("/readyz")
-    assert resp.status_code == 503 and resp.get_json() == {"status": "warming"} and resp.headers["Retry-After"]
+    services = app.extensions["support_chat"]["services"]
+    resp = web.get("/readyz")                                    # starts the builder; the build takes seconds
+    assert resp.status_code == 503 and resp.get_json()["status"] == "warming" and resp.headers["Retry-After"]
     assert web.get("/healthz").status_code == 200                 # alive all the same
-    app.extensions["support_chat"]["services"].warm_up()          # what serve / gunicorn start on a thread
-    assert web.get("/readyz").get_json() == {"status": "ready"}
+    assert services.wait_first_attempt(120)
+    body = web.get("/readyz").get_json()
+    assert body["status"] == "ready" and body["degraded"] == []
+    deps = body["dependencies"]
+    assert deps["inference_primary"]["state"] == "up" and deps["embeddings"]["state"] == "up"
+    assert deps["kb_index"]["mode"] == "hybrid" and deps["kb_index"]["num_chunks"] > 10
+    assert deps["redis"]["state"].startswith("not configured")
+    assert deps["celery_broker"]["state"] == "in process (eager)"
