@@ -110,13 +110,11 @@ def make_breaker(name: str, policy: BreakerPolicy, redis_url: str | None = None,
     redis_url is set; every web worker of one deployment uses the same namespace."""
     storage = None
     if redis_url:
+        from pipelines.breaker_storage import SharedBreakerStorage
         from pipelines.redis_client import connect
-        # pybreaker's Redis storage wants bytes replies (no decode_responses)
-        # fast failure: with Redis down pybreaker falls back to a closed state (and logs), and a
-        # call must not wait out retries on every breaker read
-        fast = connect(redis_url, decode_responses=False, retries=1, connect_timeout_s=0.5, timeout_s=1.0)
-        storage = pybreaker.CircuitRedisStorage(pybreaker.STATE_CLOSED, fast,
-                                                namespace=f"{namespace}:{name}")
+        # bytes replies; fast failure: a breaker read must not wait out Redis retries
+        fast = connect(redis_url, decode_responses=False, retries=0, connect_timeout_s=0.5, timeout_s=1.0)
+        storage = SharedBreakerStorage(fast, f"{namespace}:{name}")
     return pybreaker.CircuitBreaker(fail_max=policy.fail_max, reset_timeout=policy.reset_timeout_s,
                                     state_storage=storage, name=name, listeners=[_LogStateChanges()],
                                     throw_new_error_on_trip=False)

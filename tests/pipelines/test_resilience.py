@@ -133,6 +133,71 @@ def test_breaker_state_is_shared_through_redis(redis_server, tiny_client):
     assert worker_b.fallbacks[("primary", "open")] == 1 and worker_b.fallbacks[("primary", "error")] == 0
 
 
+def test_breakers_open_and_close_with_redis_down_from_the_start(tiny_client):
+    """REDIS_URL set, nothing listening: the breaker is built, opens on failures and closes again
+    from this process' own copy of its state."""
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"
+    workers = chain(HttpClient(f"http://127.0.0.1:{free_port()}", connect_s=1), tiny_client, fail_max=2,
+                    reset_s=0.5, redis_url=dead_redis)
+    for _ in range(2):
+        assert workers.count_tokens("hello") > 0                   # answered by the standby
+    assert workers.breaker_states()["primary"] == "open"
+    workers.count_tokens("hello")
+    assert workers.fallbacks[("primary", "open")] == 1
+    primary = workers.endpoints[0]
+    primary.client = tiny_client                                    # the primary is back
+    time.sleep(0.6)
+    assert workers.count_tokens("hello") > 0
+    assert workers.breaker_states()["primary"] == "closed"
+
+
+def test_breaker_keeps_its_state_through_a_redis_outage(tmp_path, tiny_client):
+    """Redis goes away while the breaker is open: it stays open (no reset to closed), and the
+    shared state is read again once Redis is back."""
+    import shutil
+
+    import redis
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    direct = redis.Redis(port=port)
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                direct.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        workers = chain(HttpClient(f"http://127.0.0.1:{free_port()}", connect_s=1), tiny_client, fail_max=2,
+                        reset_s=30, redis_url=f"redis://127.0.0.1:{port}/0", namespace="outage")
+        for _ in range(2):
+            workers.count_tokens("hello")
+        assert direct.get("outage:primary:state") == b"open"
+        proc.kill()
+        proc.wait(10)
+        assert workers.breaker_states()["primary"] == "open"       # from the local copy
+        workers.count_tokens("hello")
+        assert workers.fallbacks[("primary", "open")] == 1
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)     # back, empty
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                direct.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        time.sleep(1.1)                                             # past the storage's retry_s
+        workers.breaker_states()
+        assert direct.get("outage:primary:state") is not None       # keys set up again
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_inference_process_killed_mid_stream(tiny_client, tmp_path):
     """SIGKILL the service while it streams: that stream ends with an InferenceError (the caller
     degrades), later calls go to the standby, the breaker opens, and a restart closes it."""
