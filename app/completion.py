@@ -80,7 +80,8 @@ class CompletionStats:
 
 
 def _error(status: int, message: str):
-    return jsonify({"error": {"message": message, "type": "invalid_request_error"}}), status
+    kind = "invalid_request_error" if status < 500 else "service_unavailable"     # an outage is not the client's
+    return jsonify({"error": {"message": message, "type": kind}}), status
 
 
 def _ext() -> dict:

@@ -46,8 +46,11 @@ PUBLISH_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "i
 
 
 def publish(task, args: tuple) -> None:
+    """Send one task to the broker. The web tier never waits on a task's result (progress is in
+    the job store), so it does not subscribe to one either: with the result backend's Redis down,
+    that subscription alone retried for ~20 s inside the request."""
     try:
-        task.apply_async(args=args, retry=True, retry_policy=PUBLISH_RETRY)
+        task.apply_async(args=args, retry=True, retry_policy=PUBLISH_RETRY, ignore_result=True)
     except Exception as exc:        # kombu OperationalError, redis ConnectionError, socket errors
         raise BrokerUnavailable(f"the job queue (Celery broker) is unavailable: {type(exc).__name__}") from exc
 

@@ -43,7 +43,9 @@ class SentenceEmbedder:
         dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dim = dim()
         self.name = EMBEDDING_MODEL
-        self._lock = threading.Lock()          # one encode at a time: it uses every core anyway
+        # one call at a time: encode uses every core anyway, and each tokenizer call sets its
+        # padding and truncation on the one shared Rust tokenizer
+        self._lock = threading.Lock()
 
     def embed(self, texts) -> np.ndarray:
         """[N, dim] float32, unit length."""
@@ -69,4 +71,5 @@ class SentenceEmbedder:
             return torch.nn.functional.normalize(pooled, dim=-1).float().numpy()
 
     def count_tokens(self, text: str) -> int:
-        return len(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._lock:
+            return len(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-BATCH = 256
+BATCH = 64                   # texts per embedding call: a few seconds on a CPU at most
 
 
 def texts_key(prefix: str, model_name: str, texts: Sequence[str]) -> str:

@@ -169,12 +169,16 @@ class InProcessClient:
             self._engine.shutdown()
 
 
+SMALL_EMBED = 8            # texts: a chat turn's embedding call, answered in milliseconds
+
+
 class HttpClient:
     def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None,
                  connect_s: float = 2.0, first_token_s: float = 60.0, total_s: float = 120.0):
         """connect_s: TCP connect; first_token_s: the longest wait for the next bytes (headers,
-        then each streamed line: the first token's wait is the longest of them); total_s: the
-        whole request."""
+        then each streamed line: the first token's wait is the longest of them; and a turn's
+        small embedding call); total_s: the whole request, and the wait for a batch embedding
+        (an index build), whose answer comes all at once."""
         import requests
         self.base_url = base_url.rstrip("/")
         self.session = requests.Session()
@@ -188,10 +192,10 @@ class HttpClient:
         self._aborted: set[str] = set()              # request ids closed by abort()
         self._usage: dict[str, tuple[int, int]] = {}  # request_id -> (prompt, generated) tokens
 
-    def _request(self, method: str, path: str, **kw):
+    def _request(self, method: str, path: str, timeout: tuple | None = None, **kw):
         import requests
         try:
-            resp = self.session.request(method, self.base_url + path, timeout=self.timeout, **kw)
+            resp = self.session.request(method, self.base_url + path, timeout=timeout or self.timeout, **kw)
         except requests.RequestException as exc:
             raise InferenceError(f"inference service unreachable at {self.base_url}: {exc}") from exc
         if resp.status_code >= 400:
@@ -298,7 +302,8 @@ class HttpClient:
         return self.model
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        data = self._post("/v1/embeddings", {"input": texts}).json()["data"]
+        timeout = self.timeout if len(texts) <= SMALL_EMBED else (self.timeout[0], self.total_s)
+        data = self._request("POST", "/v1/embeddings", json={"input": texts}, timeout=timeout).json()["data"]
         return np.asarray([d["embedding"] for d in sorted(data, key=lambda d: d["index"])], dtype=np.float32)
 
     def count_tokens(self, text: str) -> int:
