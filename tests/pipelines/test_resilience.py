@@ -151,6 +151,18 @@ def test_breakers_open_and_close_with_redis_down_from_the_start(tiny_client):
     assert workers.breaker_states()["primary"] == "closed"
 
 
+def _wait_for_ping(client, timeout: float = 10) -> None:
+    import redis
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
 def test_breaker_keeps_its_state_through_a_redis_outage(tmp_path, tiny_client):
     """Redis goes away while the breaker is open: it stays open (no reset to closed), and the
     shared state is read again once Redis is back."""
@@ -165,13 +177,7 @@ def test_breaker_keeps_its_state_through_a_redis_outage(tmp_path, tiny_client):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     direct = redis.Redis(port=port)
     try:
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                direct.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        _wait_for_ping(direct)
         workers = chain(HttpClient(f"http://127.0.0.1:{free_port()}", connect_s=1), tiny_client, fail_max=2,
                         reset_s=30, redis_url=f"redis://127.0.0.1:{port}/0", namespace="outage")
         for _ in range(2):
@@ -183,13 +189,7 @@ def test_breaker_keeps_its_state_through_a_redis_outage(tmp_path, tiny_client):
         workers.count_tokens("hello")
         assert workers.fallbacks[("primary", "open")] == 1
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)     # back, empty
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                direct.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        _wait_for_ping(direct)
         time.sleep(1.1)                                             # past the storage's retry_s
         workers.breaker_states()
         assert direct.get("outage:primary:state") is not None       # keys set up again
