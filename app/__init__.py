@@ -38,6 +38,7 @@ from app.store_buffer import BufferedRedisStore, StoreUnavailable
 from app.tasks import BrokerUnavailable, celery_init_app
 from app.tenants import TenantRegistry
 from inference.server_openapi import build_spec, documented
+from monitoring.degradation_metrics import DegradationCollector
 from monitoring.reliability_metrics import ReliabilityCollector
 from monitoring.web_metrics import WebMetrics
 
@@ -93,6 +94,7 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     web_metrics.init_app(app)
     services = app.extensions["support_chat"]["services"]
     registry.register(ReliabilityCollector(lambda: services.built_client))
+    registry.register(DegradationCollector(app))
     init_limits(app, chat_bp, completion_bp, jobs_bp, kb_bp)
     app.register_blueprint(chat_bp)
     init_completion(app)

@@ -15,6 +15,7 @@ to a human" still hands off) and BM25 retrieval, answered with the best excerpt,
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from pipelines.intent import IntentDetector, IntentResult
 from pipelines.knowledge_base import KnowledgeBase, Passage
 from pipelines.prompt import build_messages
 
+log = logging.getLogger(__name__)
 _CJK = re.compile(r"[\u3400-\u9fff]")
 
 CANNED = {
@@ -138,10 +140,13 @@ class SupportChat:
             # the prompt and the reply share the model's context
             context = self.client.max_model_len()
             max_tokens = min(self.max_tokens, context // 2)
-            budget = min(self.prompt_budget, context - max_tokens - 8)
+            # the pieces are counted one by one, the service counts the templated whole: keep
+            # 1/32 of the context as slack (a turn over it would be refused and degrade)
+            budget = min(self.prompt_budget, context - max_tokens - 8 - context // 32)
             messages, passages = build_messages(tenant.system_prompt, found, history, clean_text,
                                                 self.client.count_tokens, budget)
-        except InferenceError:
+        except InferenceError as exc:
+            log.warning("prompt not built (%s); answering from the help centre", exc)
             yield from self._degraded(clean_text, found, intent, [])
             return
         if found and not passages:        # no room for any passage: don't let the model guess
@@ -157,7 +162,8 @@ class SupportChat:
                 if out:
                     parts.append(out)
                     yield "token", out
-        except InferenceError:
+        except InferenceError as exc:
+            log.warning("generation failed (%s); answering from the help centre", exc)
             yield from self._degraded(clean_text, passages, intent, parts)
             return
         tail = guard.finish()

@@ -20,7 +20,7 @@ MON = Path(__file__).resolve().parents[1] / "monitoring"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: `make test` installs Debian's prometheus")
 PROMQL_WORDS = {"sum", "by", "rate", "increase", "histogram_quantile", "clamp_min", "max", "deriv", "and", "or",
-                "on", "group_left", "absent", "le", "up", "bool", "without"}
+                "on", "group_left", "absent", "le", "up", "bool", "without", "min", "count", "vector"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -89,5 +89,5 @@ def test_dashboard_and_alerts_query_only_exported_metrics(tiny_client, tmp_path)
                 missing.setdefault(n, e)
     assert not missing, f"queried but never exported: {missing}"
     wanted = {"ChatLatencyHigh", "WebErrorRateHigh", "InferenceBreakerOpen", "GpuMemoryHigh", "InferenceQueueGrowing",
-              "JobQueueGrowing", "NoReadyInferenceReplica"}
+              "JobQueueGrowing", "NoReadyInferenceReplica", "ChatAnswersDegraded", "WritesBufferedInProcess"}
     assert wanted <= {r["alert"] for r in rules}
