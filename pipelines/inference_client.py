@@ -25,6 +25,11 @@ class InferenceError(RuntimeError):
     """The inference core failed or is unreachable."""
 
 
+class RequestRejected(InferenceError):
+    """The inference core refused this request (a 4xx, or a prompt that does not fit): the
+    request's fault, not an outage, so it opens no circuit breaker and tries no fallback."""
+
+
 class InferenceClient(Protocol):
     def chat_stream(self, messages: list[dict], *, temperature: float = 0.7, top_p: float = 1.0,
                     max_tokens: int = 512) -> Iterator[str]:
@@ -100,7 +105,9 @@ class InProcessClient:
         params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
         try:
             stream = self.engine.chat(messages, params)
-        except (RuntimeError, ValueError) as exc:      # engine down, or the prompt does not fit
+        except ValueError as exc:                      # the prompt does not fit
+            raise RequestRejected(str(exc)) from exc
+        except RuntimeError as exc:                    # engine down
             raise InferenceError(str(exc)) from exc
         try:
             for delta in _deltas(stream, self.first_token_s, self.total_s):
@@ -119,7 +126,9 @@ class InProcessClient:
                                 seed=seed)
         try:
             stream = self.engine.add_request(prompt, params, request_id)
-        except (RuntimeError, ValueError) as exc:
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from exc
+        except RuntimeError as exc:
             raise InferenceError(str(exc)) from exc
         usage = [0, 0]
         try:
@@ -198,6 +207,8 @@ class HttpClient:
             resp = self.session.request(method, self.base_url + path, timeout=timeout or self.timeout, **kw)
         except requests.RequestException as exc:
             raise InferenceError(f"inference service unreachable at {self.base_url}: {exc}") from exc
+        if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+            raise RequestRejected(f"inference service refused the request ({resp.status_code}): {resp.text[:300]}")
         if resp.status_code >= 400:
             raise InferenceError(f"inference service answered {resp.status_code}: {resp.text[:300]}")
         return resp

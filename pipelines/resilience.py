@@ -30,7 +30,7 @@ import numpy as np
 import pybreaker
 import yaml
 
-from pipelines.inference_client import InferenceClient, InferenceError
+from pipelines.inference_client import InferenceClient, InferenceError, RequestRejected
 
 log = logging.getLogger(__name__)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "reliability.yaml"
@@ -117,6 +117,7 @@ def make_breaker(name: str, policy: BreakerPolicy, redis_url: str | None = None,
         storage = SharedBreakerStorage(fast, f"{namespace}:{name}")
     return pybreaker.CircuitBreaker(fail_max=policy.fail_max, reset_timeout=policy.reset_timeout_s,
                                     state_storage=storage, name=name, listeners=[_LogStateChanges()],
+                                    exclude=[RequestRejected],
                                     throw_new_error_on_trip=False)
 
 
@@ -168,6 +169,10 @@ class FallbackClient:
                 errors.append(f"{ep.name}: circuit open")
                 self._fell_back(ep, "open")
                 continue
+            except RequestRejected:
+                if it is not None and hasattr(it, "close"):
+                    it.close()
+                raise
             except InferenceError as exc:
                 errors.append(f"{ep.name}: {exc}")
                 self._fell_back(ep, "error")
@@ -203,6 +208,8 @@ class FallbackClient:
             except pybreaker.CircuitBreakerError:
                 errors.append(f"{ep.name}: circuit open")
                 self._fell_back(ep, "open")
+            except RequestRejected:
+                raise
             except InferenceError as exc:
                 errors.append(f"{ep.name}: {exc}")
                 self._fell_back(ep, "error")

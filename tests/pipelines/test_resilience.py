@@ -18,7 +18,7 @@ from werkzeug.serving import make_server
 
 from inference.online_engine import OnlineEngine
 from inference.server import ServerConfig, create_app
-from pipelines.inference_client import HttpClient, InferenceError, InProcessClient
+from pipelines.inference_client import HttpClient, InferenceError, InProcessClient, RequestRejected
 from pipelines.resilience import (
     BreakerPolicy,
     Endpoint,
@@ -93,6 +93,25 @@ def test_dead_primary_falls_back_opens_and_recovers_by_itself(tiny_client, embed
         assert "".join(client.chat_stream(HELLO, max_tokens=4, temperature=0))
         assert client.last_endpoint == "primary" and client.breaker_states()["primary"] == "closed"
         assert client.embed(["hi"]).shape[0] == 1 and client.last_endpoint == "primary"
+    finally:
+        service.stop()
+
+
+def test_a_refused_request_is_not_an_outage(tiny_client, embedder):
+    """A prompt over the service's context is answered 400: the caller gets RequestRejected,
+    the breaker stays closed however often it happens, and the standby is not asked."""
+    port = free_port()
+    service = Service(port, embedder)
+    try:
+        workers = chain(HttpClient(f"http://127.0.0.1:{port}", connect_s=1), tiny_client, fail_max=2, reset_s=30)
+        too_long = [{"role": "user", "content": "word " * 2000}]
+        for _ in range(3):
+            with pytest.raises(RequestRejected, match="400"):
+                list(workers.chat_stream(too_long, max_tokens=4))
+        assert workers.breaker_states()["primary"] == "closed"
+        assert sum(workers.fallbacks.values()) == 0
+        assert "".join(workers.chat_stream(HELLO, max_tokens=4, temperature=0))      # still served
+        assert workers.last_endpoint == "primary"
     finally:
         service.stop()
 
