@@ -18,7 +18,12 @@ from werkzeug.serving import make_server
 
 from inference.online_engine import OnlineEngine
 from inference.server import ServerConfig, create_app
-from pipelines.inference_client import HttpClient, InferenceError, InProcessClient, RequestRejected
+from pipelines.inference_client import (
+    HttpClient,
+    InferenceError,
+    InProcessClient,
+    RequestRejected,
+)
 from pipelines.resilience import (
     BreakerPolicy,
     Endpoint,
