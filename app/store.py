@@ -19,6 +19,8 @@ import secrets
 import threading
 import time
 
+from redis.exceptions import WatchError
+
 
 def _key(tenant: str, sid: str, part: str) -> str:
     return f"chat:{tenant}:{sid}:{part}"
@@ -291,9 +293,8 @@ class BatchStore(JobStore):
                         p.hincrby(f"job:{job_id}", "finished_times", 1)
                         p.execute()
                         return True
-                    except Exception as exc:          # WatchError: someone wrote in between; look again
-                        if type(exc).__name__ != "WatchError":
-                            raise
+                    except WatchError:                # someone wrote in between; look again
+                        continue
         with self._lock:
             job = self._mem.setdefault(job_id, {})
             if json.loads(job.get("status", "null")) in final:

@@ -182,7 +182,8 @@ class Scheduler:
             out.kv_transfers = bm.take_kv_transfers()
         return out
 
-    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput,
+                           result: ModelRunnerOutput) -> list[tuple[Request, list[int]]]:
         """Advance computed counts, append sampled tokens, finish on EOS/stop-id/length.
 
         Returns (request, its new tokens) for the requests that got tokens this step (finished

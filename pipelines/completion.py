@@ -27,8 +27,8 @@ from pipelines.inference_client import InferenceClient, InferenceError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MAX_SEED = 2**63 - 1 - 4              # SamplingParams seeds sample i with seed + i, and n <= 4 here
-MAX_SEGMENT_CHARS = 200_000
-FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend          # longer segments are cut before tokenising (then to the budget)
+MAX_SEGMENT_CHARS = 200_000          # longer segments are cut before tokenising (then to the budget)
+FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend
 
 
 @dataclass(frozen=True)

@@ -174,9 +174,3 @@ def install_parallel_layers(model: LlamaForCausalLM, plan: TPPlan, comm: TPComm)
         # the fused batch-1 layers (inference/models/fused_decode.py) call the GEMV kernels
         # directly: no all-reduce after o_proj / down_proj. Off, whichever transform ran first.
         model.fused_decode = False
-
-
-def tensor_parallel(model: LlamaForCausalLM, plan: TPPlan, comm: TPComm) -> None:
-    """Both phases at once (no quantization in between)."""
-    shard_model(model, plan)
-    install_parallel_layers(model, plan, comm)
