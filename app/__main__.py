@@ -18,7 +18,8 @@ def serve(args: argparse.Namespace) -> int:
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
     from app import create_app
-    from pipelines.inference_client import InProcessClient, client_from_env
+    from pipelines.inference_client import InProcessClient
+    from pipelines.resilience import client_from_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = client_from_env(os.environ.get("REDIS_URL"))

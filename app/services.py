@@ -21,9 +21,10 @@ import threading
 import time
 
 from filters.banned_words import BannedWordFilter
-from pipelines.inference_client import InferenceClient, client_from_env
+from pipelines.inference_client import InferenceClient
 from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
+from pipelines.resilience import client_from_env
 from pipelines.support_chat import SupportChat
 
 log = logging.getLogger(__name__)

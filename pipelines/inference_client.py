@@ -6,8 +6,8 @@
                       (/v1/chat/completions streamed, /v1/embeddings, /tokenize)
 
 Both raise InferenceError when the core cannot answer, including when no text arrives within
-the first-token time-out or the whole request outlasts its time-out. `client_from_env()` puts
-the configured primary and hot standby behind circuit breakers (pipelines/resilience.py).
+the first-token time-out or the whole request outlasts its time-out. pipelines/resilience.py's
+`client_from_env()` puts the configured primary and hot standby behind circuit breakers.
 """
 from __future__ import annotations
 
@@ -335,33 +335,3 @@ def _shut_down(resp) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass                                   # already closed
-
-
-def client_from_env(redis_url: str | None = None, config_path: str | None = None, **engine_args):
-    """The configured chain (configs/reliability.yaml, INFERENCE_URL, INFERENCE_STANDBY_URL,
-    STANDBY_MODEL, INFERENCE_API_KEY): the primary is the HTTP service at its URL or else the
-    in-process engine on MODEL (default smollm2), then the standby if one is configured, each
-    behind a circuit breaker (state in Redis when redis_url is given)."""
-    import os
-
-    from pipelines.resilience import (
-        Endpoint,
-        FallbackClient,
-        ReliabilityConfig,
-        make_breaker,
-    )
-    cfg = ReliabilityConfig.load(config_path)
-    t = cfg.timeouts
-    key = os.environ.get("INFERENCE_API_KEY")
-
-    def build(url: str | None, model: str) -> InferenceClient:
-        if url:
-            return HttpClient(url, key, connect_s=t.connect_s, first_token_s=t.first_token_s, total_s=t.total_s)
-        return InProcessClient(model, first_token_s=t.first_token_s, total_s=t.total_s, **engine_args)
-
-    endpoints = [Endpoint("primary", build(cfg.primary_url, os.environ.get("MODEL", "smollm2")),
-                          make_breaker("primary", cfg.breaker, redis_url))]
-    if cfg.standby_url or cfg.standby_model:
-        endpoints.append(Endpoint("standby", build(cfg.standby_url, cfg.standby_model or "smollm2"),
-                                  make_breaker("standby", cfg.breaker, redis_url)))
-    return FallbackClient(endpoints)

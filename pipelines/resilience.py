@@ -30,7 +30,13 @@ import numpy as np
 import pybreaker
 import yaml
 
-from pipelines.inference_client import InferenceClient, InferenceError, RequestRejected
+from pipelines.inference_client import (
+    HttpClient,
+    InferenceClient,
+    InferenceError,
+    InProcessClient,
+    RequestRejected,
+)
 
 log = logging.getLogger(__name__)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "reliability.yaml"
@@ -246,3 +252,25 @@ class FallbackClient:
         for ep in self.endpoints:
             if hasattr(ep.client, "close"):
                 ep.client.close()
+
+
+def client_from_env(redis_url: str | None = None, config_path: str | None = None, **engine_args) -> FallbackClient:
+    """The configured chain (configs/reliability.yaml, INFERENCE_URL, INFERENCE_STANDBY_URL,
+    STANDBY_MODEL, INFERENCE_API_KEY): the primary is the HTTP service at its URL or else the
+    in-process engine on MODEL (default smollm2), then the standby if one is configured, each
+    behind a circuit breaker (state in Redis when redis_url is given)."""
+    cfg = ReliabilityConfig.load(config_path)
+    t = cfg.timeouts
+    key = os.environ.get("INFERENCE_API_KEY")
+
+    def build(url: str | None, model: str) -> InferenceClient:
+        if url:
+            return HttpClient(url, key, connect_s=t.connect_s, first_token_s=t.first_token_s, total_s=t.total_s)
+        return InProcessClient(model, first_token_s=t.first_token_s, total_s=t.total_s, **engine_args)
+
+    endpoints = [Endpoint("primary", build(cfg.primary_url, os.environ.get("MODEL", "smollm2")),
+                          make_breaker("primary", cfg.breaker, redis_url))]
+    if cfg.standby_url or cfg.standby_model:
+        endpoints.append(Endpoint("standby", build(cfg.standby_url, cfg.standby_model or "smollm2"),
+                                  make_breaker("standby", cfg.breaker, redis_url)))
+    return FallbackClient(endpoints)
