@@ -9,7 +9,7 @@ COPY filters filters
 COPY monitoring monitoring
 COPY configs configs
 COPY inference inference
-COPY kernels kernels
+COPY httpkit httpkit
 # the CPU build of torch is the smallest that satisfies the package's pin (the embedder runs here)
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.11,<2.15" \
  && pip install .

@@ -1,22 +1,17 @@
 """The product's web app: the support-chat API and widget (and, in `python -m app serve`, the
 engine's OpenAI-compatible routes beside it).
 
-    create_app(config=None) -> Flask
+    create_app(config=None, client=None, settings=None) -> Flask
 
-config keys (defaults from the environment): REDIS_URL (sessions + Celery broker; in-process
-store and eager tasks without it), SESSION_TTL, MAX_MESSAGE_CHARS, KB_PATH, KB_CACHE_DIR,
-INTENTS_PATH, BANNED_WORDS_PATH, TENANTS_PATH, CHAT_TEMPERATURE (0.7), CHAT_MAX_TOKENS (512),
-CHAT_PROMPT_BUDGET (1400 tokens), CHAT_BUILD_WAIT_S (1.0: how long a turn waits for the first
-build of the full pipeline before answering degraded), CHAT_REBUILD_MAX_S (2.0: the longest
-wait between rebuild attempts while embeddings are down), CHAT_MAX_TURNS (48: chat turns in
-flight at once, streamed or not; more get 503 with Retry-After), CELERY_BROKER_URL (default REDIS_URL), ENGINE_ARGS (for the
-in-process engine), RATE_LIMITS (else configs/limits.yaml, app/limits.py). The inference chain
-(primary, hot standby, breakers, time-outs) comes from configs/reliability.yaml and its
-environment overrides (pipelines/resilience.py).
+Config keys default from the environment, parsed once by `app.settings.WebSettings` (each field
+is the lower-case name of its variable, with its default and meaning there); `config` overrides
+them per app, and adds MAX_MESSAGE_CHARS, ENGINE_ARGS (for the in-process engine) and
+RATE_LIMITS (else configs/limits.yaml, app/limits.py). The inference chain (primary, hot standby,
+breakers, time-outs) comes from configs/reliability.yaml and its environment overrides
+(pipelines/resilience.py).
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -31,42 +26,34 @@ from app.jobs import bp as jobs_bp
 from app.knowledge_base import bp as kb_bp
 from app.limits import init_limits
 from app.readiness import Readiness
+from app.settings import WebSettings
 from app.schemas import METRICS, Readyz, Status
 from app.services import ChatServices
 from app.store import MemoryStore
 from app.store_buffer import BufferedRedisStore, StoreUnavailable
 from app.tasks import BrokerUnavailable, celery_init_app
 from app.tenants import TenantRegistry
-from inference.server_openapi import build_spec, documented
+from configs import shipped
+from httpkit.openapi import build_spec, documented
 from monitoring.degradation_metrics import DegradationCollector
 from monitoring.reliability_metrics import ReliabilityCollector
 from monitoring.web_metrics import WebMetrics
 
-KB_DIR_DEFAULT = Path(__file__).resolve().parent.parent / "configs" / "kb"
+KB_DIR_DEFAULT = shipped("kb")
 SECURITY_SCHEMES = {"siteKey": {"type": "apiKey", "in": "header", "name": "X-Site-Key",
                                 "description": "the tenant's site key (configs/tenants.yaml)"},
                     "apiKey": {"type": "http", "scheme": "bearer",
                                "description": "a tenant's API key (stored hashed in configs/tenants.yaml)"}}
 
 
-def create_app(config: dict | None = None, client=None) -> Flask:
-    """`client`: an inference client to use instead of the one from the environment."""
+def create_app(config: dict | None = None, client=None, settings: WebSettings | None = None) -> Flask:
+    """`client`: an inference client to use instead of the one from the environment; `settings`:
+    the environment, parsed (default: read now)."""
     app = Flask(__name__, static_folder="static")
-    redis_url = os.environ.get("REDIS_URL")
-    app.config.update(
-        REDIS_URL=redis_url, SESSION_TTL=int(os.environ.get("SESSION_TTL", str(7 * 24 * 3600))),
-        MAX_MESSAGE_CHARS=4000, MAX_CONTENT_LENGTH=4 << 20, CHAT_MAX_BODY_BYTES=64 * 1024,
-        KB_PATH=os.environ.get("KB_PATH"), KB_CACHE_DIR=os.environ.get("KB_CACHE_DIR"),
-        INTENTS_PATH=os.environ.get("INTENTS_PATH"), BANNED_WORDS_PATH=os.environ.get("BANNED_WORDS_PATH"),
-        TENANTS_PATH=os.environ.get("TENANTS_PATH"), ENGINE_ARGS={},
-        CHAT_TEMPERATURE=float(os.environ.get("CHAT_TEMPERATURE", "0.7")),
-        CHAT_MAX_TOKENS=int(os.environ.get("CHAT_MAX_TOKENS", "512")),
-        CHAT_PROMPT_BUDGET=int(os.environ.get("CHAT_PROMPT_BUDGET", "1400")),
-        CHAT_BUILD_WAIT_S=float(os.environ.get("CHAT_BUILD_WAIT_S", "1.0")),
-        CHAT_REBUILD_MAX_S=float(os.environ.get("CHAT_REBUILD_MAX_S", "2.0")),
-        CHAT_MAX_TURNS=int(os.environ.get("CHAT_MAX_TURNS", "48")),
-        CELERY_BROKER_URL=os.environ.get("CELERY_BROKER_URL"),
-    )
+    settings = settings or WebSettings()
+    app.extensions["settings"] = settings
+    app.config.update(MAX_MESSAGE_CHARS=4000, MAX_CONTENT_LENGTH=4 << 20, CHAT_MAX_BODY_BYTES=64 * 1024,
+                      ENGINE_ARGS={}, **settings.flask_config())
     app.config.update(config or {})
     if app.config["KB_PATH"]:              # one meaning for the index and the /kb/ links
         app.config["KB_PATH"] = str(Path(app.config["KB_PATH"]).resolve())
@@ -74,7 +61,7 @@ def create_app(config: dict | None = None, client=None) -> Flask:
     # acks_late + reject_on_worker_lost: a task whose worker dies goes back to the queue; the broker
     # redelivers an unacknowledged task after visibility_timeout, so it must exceed the longest
     # task's time limit (app/tasks.py) or a running task would be handed out twice
-    visibility = int(os.environ.get("CELERY_VISIBILITY_TIMEOUT_S", "7200"))
+    visibility = app.config["CELERY_VISIBILITY_TIMEOUT_S"]
     broker = (app.config["CELERY_BROKER_URL"] or url) if url else None
     app.config.setdefault("CELERY", {"broker_url": broker, "result_backend": url, "task_always_eager": not url,
                                       "task_ignore_result": False, "task_acks_late": True,

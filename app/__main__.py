@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 
@@ -18,21 +17,23 @@ def serve(args: argparse.Namespace) -> int:
     from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
     from app import create_app
+    from app.settings import WebSettings
     from pipelines.inference_client import InProcessClient
     from pipelines.resilience import client_from_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = client_from_env(os.environ.get("REDIS_URL"))
-    web = create_app(client=client)
+    settings = WebSettings()
+    client = client_from_env(settings.redis_url)
+    web = create_app(client=client, settings=settings)
     mounts = {}
     primary = client.endpoints[0].client
     if isinstance(primary, InProcessClient):            # the embedded default serves OpenAI routes too
-        from inference.server import ServerConfig
-        from inference.server import create_app as create_inference_app
+        from inference.server.app import ServerConfig
+        from inference.server.app import create_app as create_inference_app
         mounts["/inference"] = create_inference_app(lambda: primary.engine,
                                                     ServerConfig(served_model_name=primary.model))
-    from inference.shutdown import GracefulShutdown
-    app = GracefulShutdown(DispatcherMiddleware(web, mounts), float(os.environ.get("SHUTDOWN_DRAIN_S", "30")),
+    from httpkit.shutdown import GracefulShutdown
+    app = GracefulShutdown(DispatcherMiddleware(web, mounts), settings.shutdown_drain_s,
                            on_exit=client.close)
     app.install()                                # SIGTERM: refuse new requests, finish streams, exit
     services = web.extensions["support_chat"]["services"]
@@ -40,9 +41,9 @@ def serve(args: argparse.Namespace) -> int:
     base = f"http://{args.host}:{args.port}"
     print(f"Support chat demo:   {base}/\nChat API:            {base}/api/chat  (X-Site-Key: demo-site-key)\n"
           + (f"OpenAI-compatible:   {base}/inference/v1  (model {primary.model})\n" if mounts else
-             f"Inference service:   {os.environ.get('INFERENCE_URL')}\n"), flush=True)
+             f"Inference service:   {settings.inference_url}\n"), flush=True)
     waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
-                   channel_request_lookahead=1, connection_limit=args.connection_limit, channel_timeout=300,
+                   channel_request_lookahead=1, connection_limit=args.connection_limit or settings.web_connection_limit, channel_timeout=300,
                    asyncore_use_poll=True,                 # select() stops at 1024 descriptors
                    ident="support-app")
     return 0
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     # connections are cheap in waitress's event loop (a thread is held only while a request runs):
     # accept many, and let CHAT_MAX_TURNS answer 503 past what the threads can serve, instead of
     # leaving connections unaccepted in the kernel's backlog until the client times out
-    p.add_argument("--connection-limit", type=int, default=int(os.environ.get("WEB_CONNECTION_LIMIT", "2000")))
+    p.add_argument("--connection-limit", type=int, default=None,
+                   help="default: WEB_CONNECTION_LIMIT (2000)")
     h = sub.add_parser("hash-key", help="print the tenants.yaml entry (sha256:...) for an API key")
     h.add_argument("key")
     args = parser.parse_args(argv)

@@ -42,7 +42,7 @@ from app.schemas import (
     error_responses,
 )
 from filters.pii import redact_pii
-from inference.server_openapi import documented
+from httpkit.openapi import documented
 from pipelines.support_chat import ChatReply, MessageTooLong
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from app.schemas import (
     error_responses,
 )
 from app.tenants import hash_api_key
-from inference.server_openapi import documented
+from httpkit.openapi import documented
 from pipelines.completion import (
     CompletionCache,
     CompletionService,

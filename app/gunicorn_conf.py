@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 
-bind = os.environ.get("WEB_BIND", "0.0.0.0:8000")
-workers = int(os.environ.get("WEB_WORKERS", "2"))
+from app.settings import WebSettings
+
+_settings = WebSettings()
+bind = _settings.web_bind
+workers = _settings.web_workers
 worker_class = "gthread"
-threads = int(os.environ.get("WEB_THREADS", "32"))
-timeout = int(os.environ.get("WEB_TIMEOUT_S", "180"))           # a long reply must not kill its worker
-graceful_timeout = int(os.environ.get("WEB_GRACEFUL_S", "30"))  # SIGTERM: in-flight streams get this long
+threads = _settings.web_threads
+timeout = _settings.web_timeout_s                 # a long reply must not kill its worker
+graceful_timeout = _settings.web_graceful_s       # SIGTERM: in-flight streams get this long
 keepalive = 5
 accesslog = "-"
 

@@ -30,7 +30,7 @@ from app.schemas import (
     JobPath,
     JobView,
 )
-from inference.server_openapi import documented
+from httpkit.openapi import documented
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 bp.before_request(_auth)

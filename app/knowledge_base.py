@@ -16,7 +16,7 @@ from flask import Blueprint, current_app, jsonify
 
 from app.completion import API_ERRORS, _auth, _error
 from app.schemas import ApiError, JobPath, KbJob, RepositoryQueued
-from inference.server_openapi import documented
+from httpkit.openapi import documented
 
 bp = Blueprint("kb", __name__, url_prefix="/v1/kb")
 bp.before_request(_auth)

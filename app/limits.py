@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 import yaml
 from flask import Flask, jsonify, request
@@ -21,7 +20,9 @@ from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from limits import parse_many
 
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "limits.yaml"
+from configs import resolve, shipped
+
+DEFAULT_PATH = shipped("limits.yaml")
 KINDS = {"per_ip": "RATE_LIMIT_PER_IP", "per_site_key": "RATE_LIMIT_PER_SITE_KEY",
          "per_api_key": "RATE_LIMIT_PER_API_KEY"}
 UNLIMITED_PATHS = ("/v1/health", "/v1/metrics")
@@ -30,7 +31,7 @@ UNLIMITED_PATHS = ("/v1/health", "/v1/metrics")
 def load_limits(path: str | os.PathLike | None = None, env: dict | None = None) -> dict[str, str]:
     """kind -> limit string, validated (a bad string is a startup error, not a silent no-limit)."""
     env = os.environ if env is None else env
-    path = Path(path or env.get("LIMITS_PATH") or DEFAULT_PATH)
+    path = resolve("limits.yaml", path, "LIMITS_PATH", env)
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     unknown = set(raw) - set(KINDS)
     if unknown:

@@ -1,5 +1,5 @@
 """Request and response models of the web app's three APIs (support chat, code completion, batch
-jobs). /openapi.json is generated from them (inference/server_openapi.py); the views validate with the
+jobs). /openapi.json is generated from them (httpkit/openapi.py); the views validate with the
 precise per-field messages users see, and the schemathesis test (tests/app/test_openapi.py) holds
 the two together: what these models call valid is accepted, what they call invalid gets a 4xx.
 """
@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from inference.server_openapi import Body, Stream
+from httpkit.openapi import Body, Stream
 
 SESSION_ID = r"^[A-Za-z0-9_-]{16,64}$"
 JOB_ID = r"^[0-9a-f]{32}$"

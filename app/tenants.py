@@ -9,13 +9,13 @@ import hmac
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
+from configs import resolve, shipped
 from pipelines.support_chat import Tenant
 
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "tenants.yaml"
+DEFAULT_PATH = shipped("tenants.yaml")
 
 
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -39,7 +39,7 @@ class TenantConfig:
 
 class TenantRegistry:
     def __init__(self, path: str | os.PathLike | None = None):
-        path = Path(path or os.environ.get("TENANTS_PATH") or DEFAULT_PATH)
+        path = resolve("tenants.yaml", path, "TENANTS_PATH")
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as exc:

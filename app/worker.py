@@ -2,8 +2,6 @@
 Its Prometheus metrics are served on WORKER_METRICS_PORT (default 9808; 0 turns them off)."""
 from __future__ import annotations
 
-import os
-
 from celery.signals import worker_ready
 
 from app import create_app
@@ -17,6 +15,6 @@ metrics.connect()
 
 @worker_ready.connect
 def _serve_metrics(**_):
-    port = int(os.environ.get("WORKER_METRICS_PORT", "9808"))
+    port = flask_app.extensions["settings"].worker_metrics_port
     if port:
         metrics.serve(port, flask_app.config.get("REDIS_URL"))

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import ahocorasick
 
+from configs import resolve, shipped
 from filters.normalize import fold, is_word_char
 
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "banned_words.txt"
+DEFAULT_PATH = shipped("banned_words.txt")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class BannedWordFilter:
     def from_file(cls, path: str | os.PathLike | None = None) -> BannedWordFilter:
         """One term per line, '#' starts a comment line. Default: BANNED_WORDS_PATH, else
         configs/banned_words.txt."""
-        path = Path(path or os.environ.get("BANNED_WORDS_PATH") or DEFAULT_PATH)
+        path = resolve("banned_words.txt", path, "BANNED_WORDS_PATH")
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except OSError as exc:

@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
     import waitress
 
     from inference.online_engine import OnlineEngine
-    from inference.server import ServerConfig, create_app
+    from inference.server.app import ServerConfig, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = engine_config(args)                 # bad flags fail here, before anything listens
@@ -71,7 +71,7 @@ def serve(args: argparse.Namespace) -> int:
         engines.append(OnlineEngine(config=config))
         return engines[-1]
 
-    from inference.shutdown import GracefulShutdown
+    from httpkit.shutdown import GracefulShutdown
     app = GracefulShutdown(create_app(load, server_config), float(os.environ.get("SHUTDOWN_DRAIN_S", "30")),
                            on_exit=lambda: [e.shutdown() for e in engines])
     app.install()                                # SIGTERM: refuse new requests, finish streams, exit

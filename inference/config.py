@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
+from configs import shipped
 from inference.spec_decode.config import SpeculativeConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 POLICIES = ("fcfs", "priority")
 QUANTIZATION = ("int8", "int4", "fp8", "awq", "gptq", "sparse24")
@@ -63,7 +63,7 @@ class CacheConfig:
     # +-448); the CUDA kernels upcast it to the model's dtype as tiles load. "int8": symmetric,
     # one fp32 scale per (token, head) row, 0.52x the bytes of bf16 at head_dim 128 (CPU path)
     kv_cache_dtype: str = "auto"
-    # Tiered KV cache (inference/kv_tiers.py): prefix-cached blocks evicted from the device pool
+    # Tiered KV cache (inference/core/kv_tiers.py): prefix-cached blocks evicted from the device pool
     # move to this many GiB of (pinned, on CUDA) host memory instead of being forgotten, and a
     # later prefix hit copies them back up. vLLM's name; 0 = off.
     swap_space: float = 0.0
@@ -186,15 +186,15 @@ class EngineConfig:
              profile: str | None = None, **engine_args: Any) -> "EngineConfig":
         """YAML (default `configs/engine.yaml`) < profile (`configs/profiles/<name>.yaml`)
         < environment `INFERENCE_<SECTION>_<KEY>` < keyword arguments (explicit flags)."""
-        path = Path(path) if path else CONFIG_DIR / "engine.yaml"
+        path = Path(path) if path else shipped("engine.yaml")
         section_cls = {"model": ModelConfig, "cache": CacheConfig,
                        "scheduler": SchedulerConfig, "sampling": SamplingDefaults, "parallel": ParallelConfig}
         values: dict[str, dict[str, Any]] = {name: {} for name in section_cls}
         layers = [path] if path.exists() else []
         if profile is not None:
-            profile_path = CONFIG_DIR / "profiles" / f"{profile}.yaml"
+            profile_path = shipped("profiles", f"{profile}.yaml")
             if not profile_path.exists():
-                known = sorted(p.stem for p in (CONFIG_DIR / "profiles").glob("*.yaml"))
+                known = sorted(p.stem for p in shipped("profiles").glob("*.yaml"))
                 raise ValueError(f"profile: unknown profile {profile!r}; known: {known}")
             layers.append(profile_path)
         speculative: Any = None       # a whole section: the last layer that names it wins

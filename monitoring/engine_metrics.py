@@ -1,4 +1,4 @@
-"""Prometheus exporter for the engine's stats dataclasses (inference/stats.py).
+"""Prometheus exporter for the engine's stats dataclasses (inference/core/stats.py).
 
 The engine emits plain `EngineStats` each step; `EngineMetrics.observe` turns them into metrics
 named like vLLM's (`vllm:num_requests_running` -> `inference:num_requests_running`). Process and
@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from inference.stats import EngineStats
+    from inference.core.stats import EngineStats
 
 # Buckets follow vLLM's, with a few sub-10 ms steps added for a fast decode loop.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -108,7 +108,7 @@ class _ExpertLoadCollector:
 
 
 class _TierMetrics:
-    """The host / disk KV tiers (inference/kv_tiers.py): per tier usage, prefix-hit tokens found
+    """The host / disk KV tiers (inference/core/kv_tiers.py): per tier usage, prefix-hit tokens found
     there, bytes copied in (from the tier above) and out (back up), of the bytes in those written
     behind (ahead of the eviction), entries evicted."""
 

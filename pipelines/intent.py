@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from configs import resolve, shipped
 from pipelines.embedding_cache import cached_embeddings, texts_key
 from pipelines.knowledge_base import tokenize
 
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "intents.yaml"
+DEFAULT_PATH = shipped("intents.yaml")
 FALLBACK_INTENT = "other"
 
 
@@ -46,7 +47,7 @@ class IntentResult:
 
 
 def load_intents(path: str | os.PathLike | None = None) -> dict[str, list[str]]:
-    path = Path(path or os.environ.get("INTENTS_PATH") or DEFAULT_PATH)
+    path = resolve("intents.yaml", path, "INTENTS_PATH")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:

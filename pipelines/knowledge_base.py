@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from configs import resolve, shipped
 from pipelines.embedding_cache import cached_embeddings
 
 log = logging.getLogger(__name__)
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "configs" / "kb"
+DEFAULT_PATH = shipped("kb")
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "kb"
 RRF_K = 60
 MAX_CHUNK_WORDS = 220
@@ -102,7 +103,7 @@ class KnowledgeBase:
                  min_similarity: float = 0.35, check_interval: float = 2.0, model_name: str = "all-MiniLM-L6-v2"):
         """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed), or None for a
         lexical-only index."""
-        self.path = Path(path or os.environ.get("KB_PATH") or DEFAULT_PATH)
+        self.path = resolve("kb", path, "KB_PATH")
         if not self.path.is_dir():
             raise ValueError(f"knowledge base: {self.path} is not a directory")
         self.cache_dir = Path(cache_dir or os.environ.get("KB_CACHE_DIR") or DEFAULT_CACHE)

@@ -30,6 +30,7 @@ import numpy as np
 import pybreaker
 import yaml
 
+from configs import shipped
 from pipelines.inference_client import (
     HttpClient,
     InferenceClient,
@@ -39,7 +40,7 @@ from pipelines.inference_client import (
 )
 
 log = logging.getLogger(__name__)
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "reliability.yaml"
+DEFAULT_CONFIG = shipped("reliability.yaml")
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inference.block_manager import BlockManager
+from inference.core.block_manager import BlockManager
 from inference.config import SchedulerConfig
-from inference.request import Request, RequestStatus
+from inference.core.request import Request, RequestStatus
 from inference.sampling_params import SamplingParams
-from inference.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from inference.core.scheduler import Scheduler
+from inference.interfaces import ModelRunnerOutput, SchedulerOutput
 
 _clock = itertools.count(1)     # arrival times: strictly increasing, never tied
 

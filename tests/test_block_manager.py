@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from inference.block_manager import BlockManager
+from inference.core.block_manager import BlockManager
 from tests.factories import check_block_manager, make_block_manager, make_request, prompt_tokens
 
 

@@ -1,4 +1,4 @@
-"""Step shapes for CUDA graphs (inference/cuda_graphs.py): every step the scheduler can build maps
+"""Step shapes for CUDA graphs (inference/worker/cuda_graphs.py): every step the scheduler can build maps
 to the tightest captured shape, or runs eagerly."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from inference.cuda_graphs import (
+from inference.worker.cuda_graphs import (
     MAX_MIXED_CHUNKS,
     MAX_MIXED_TOKENS,
     bucket,

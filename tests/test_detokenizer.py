@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from inference.detokenizer import IncrementalDetokenizer
+from inference.core.detokenizer import IncrementalDetokenizer
 from inference.sampling_params import SamplingParams
-from inference.tokenizer import ByteTokenizer
+from inference.core.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer(512)
 

@@ -10,8 +10,8 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.scheduler import SchedulerStats
-from inference.stats import EngineStats, FinishedRequestStats, IterationStats
+from inference.core.scheduler import SchedulerStats
+from inference.core.stats import EngineStats, FinishedRequestStats, IterationStats
 from monitoring.engine_metrics import EngineMetrics
 
 MODEL = "tiny-model"

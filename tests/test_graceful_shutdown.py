@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 
-from inference.shutdown import GracefulShutdown
+from httpkit.shutdown import GracefulShutdown
 from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

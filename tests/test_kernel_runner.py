@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from inference.config import EngineConfig
-from inference.cuda_runner import CudaModelRunner
+from inference.worker.cuda_runner import CudaModelRunner
 from inference.llm import LLM
-from inference.model_runner import num_kv_blocks
+from inference.worker.kv_sizing import num_kv_blocks
 from inference.models.fused_decode import fused_decode_forward, fused_decode_plan
 from inference.models.norm_folding import fold_norm_weights
 from inference.models.triton_layers import use_triton_kernels
 from inference.parallel.tp_transform import TPPlan, install_parallel_layers
 from inference.sampling_params import SamplingParams
-from kernels.kv_cache import write_kv_cache_reference
-from kernels.rotary_kv_cache import rotary_kv_cache_reference
+from inference.kernels.kv_cache import write_kv_cache_reference
+from inference.kernels.rotary_kv_cache import rotary_kv_cache_reference
 from tests.conftest import assert_all_blocks_free
 
 CUDA = torch.cuda.is_available()
@@ -41,10 +41,10 @@ def kernel_llm(mixed_layout: bool | None = None, **kw) -> LLM:
             blocks = num_kv_blocks(loaded, cfg.cache, cfg.cache.kv_cache_memory_bytes, "kv_cache_memory_bytes")
             return CudaModelRunner(loaded, cfg.cache, cfg.scheduler, blocks, cfg.model.seed, enforce_eager=True,
                                    mixed_layout=mixed_layout)
-        from inference.model_runner import build_runner
+        from inference.worker.runner_factory import build_runner
         return build_runner(loaded, cfg)
 
-    with patch("inference.engine.build_runner", build):
+    with patch("inference.core.engine.build_runner", build):
         return LLM.from_config(config)
 
 
@@ -302,7 +302,7 @@ def test_cuda_prompt_longer_than_context_is_rejected_and_engine_keeps_serving():
 def test_startup_warm_up_step_writes_no_kv():
     # The CUDA runner runs the largest possible step on the live cache at startup (to reserve its
     # memory before traffic arrives); it must leave every cached K/V untouched.
-    from inference.cuda_runner import run_largest_step
+    from inference.worker.kv_sizing import run_largest_step
     from inference.loader.model_loader import load_model
     config = EngineConfig.load(**{"model": "random:tiny", "device": DEVICE, **KW, "max_num_batched_tokens": 24})
     loaded = load_model(config.model)

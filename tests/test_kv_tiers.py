@@ -1,4 +1,4 @@
-"""Tiered KV cache (inference/kv_tiers.py, kv_tier_store.py): prefix-cached blocks evicted from the
+"""Tiered KV cache (inference/core/kv_tiers.py, kv_tier_store.py): prefix-cached blocks evicted from the
 device pool move to host memory (then disk) and come back on a hit.
 
 Scheduler-level tests play the runner with a fake KV cache of token ids that also executes the
@@ -13,10 +13,10 @@ import random
 import pytest
 
 from inference import LLM, SamplingParams
-from inference.block_manager import BlockManager
+from inference.core.block_manager import BlockManager
 from inference.config import CacheConfig, SchedulerConfig
-from inference.kv_tiers import KVTierIndex, KVTransfer, TransferOp
-from inference.scheduler import Scheduler
+from inference.core.kv_tiers import KVTierIndex, KVTransfer, TransferOp
+from inference.core.scheduler import Scheduler
 from tests import factories
 from tests.conftest import assert_all_blocks_free
 from tests.factories import (
@@ -226,7 +226,7 @@ def test_write_behind_is_bounded_per_step_and_never_copies_a_reused_block():
                 if t.behind:        # the source still caches that hash when the copy is recorded
                     assert bm.blocks[t.src].block_hash == h and bm.cached_blocks[h] == t.src
         factories._kv_caches[sched].run(out)
-        from inference.scheduler import ModelRunnerOutput
+        from inference.interfaces import ModelRunnerOutput
         sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids={
             it.request.request_id: factories.fake_token(it.request) for it in out.scheduled if it.needs_sample}))
         assert not set(tiers.unwritten) & set(bm.block_table("c"))
@@ -296,7 +296,7 @@ def test_write_behind_under_aborts_preemptions_and_failed_steps(seed):
     """Random traffic over shared prefixes in a pool that preempts, with aborts and failed steps:
     every step reads the right tokens, no block leaks, and every tier entry holds its hash's
     tokens."""
-    from inference.scheduler import ModelRunnerOutput
+    from inference.interfaces import ModelRunnerOutput
     rng = random.Random(seed)
     sched = tiered_scheduler(14, host=12 + 10 * (seed % 2), disk=20 * (seed % 3 == 0), budget=16,
                              write_behind=100 * (1 + seed % 3))
@@ -556,7 +556,7 @@ def test_tier_metrics_are_exported():
 def test_transfer_batches_keep_the_recorded_order_s_result():
     """Random transfer lists over few blocks / slots (many conflicts): executing the same-op
     batches gives what executing them one by one in recorded order gives."""
-    from inference.kv_tier_store import _batches
+    from inference.worker.kv_tier_store import _batches
     T = TransferOp
     places = {T.DEVICE_TO_HOST: ("device", "host"), T.HOST_TO_DEVICE: ("host", "device"),
               T.HOST_TO_DISK: ("host", "disk"), T.DISK_TO_HOST: ("disk", "host")}
@@ -590,9 +590,9 @@ def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs(kernels):
     the Triton gather / scatter over every layer and with the per-tensor torch fallback."""
     import torch
 
-    from inference.kv_tier_store import KVTierStore, TierSizes
-    from inference.kv_tiers import KVTransfer
-    from inference.scheduler import SchedulerOutput
+    from inference.worker.kv_tier_store import KVTierStore, TierSizes
+    from inference.core.kv_tiers import KVTransfer
+    from inference.interfaces import SchedulerOutput
     dev = torch.device("cuda")
     caches = [tuple(torch.randn(64, 16, 2, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
               for _ in range(3)]
@@ -630,8 +630,8 @@ def test_cuda_write_behind_runs_beside_compute_and_before_the_next_step_overwrit
     next step's compute waits for them before it may overwrite the blocks they read."""
     import torch
 
-    from inference.kv_tier_store import KVTierStore, TierSizes
-    from inference.scheduler import SchedulerOutput
+    from inference.worker.kv_tier_store import KVTierStore, TierSizes
+    from inference.interfaces import SchedulerOutput
     dev = torch.device("cuda")
     caches = [tuple(torch.randn(64, 16, 2, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
               for _ in range(3)]

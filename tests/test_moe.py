@@ -72,7 +72,7 @@ def test_threshold_skips_experts_and_keeps_blocks_accounted():
 def test_router_kernel_follows_set_router_threshold():
     """The GPU transform's one-kernel router (TRITON_INTERPRET on the CPU) reads its threshold from a
     device tensor, so a threshold set after the swap (or after graphs were captured) takes effect."""
-    from kernels.moe_routing import fused_route
+    from inference.kernels.moe_routing import fused_route
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(5)
     block = SparseMoeBlock(ModelArch.from_hf_config(preset_config("tiny-moe")))
@@ -168,7 +168,7 @@ def test_expert_load_is_exported_by_the_service():
     from prometheus_client.parser import text_string_to_metric_families
 
     from inference.online_engine import OnlineEngine
-    from inference.server import ServerConfig, create_app
+    from inference.server.app import ServerConfig, create_app
     engine = OnlineEngine("random:tiny-qwen2-moe", dtype="float32", max_model_len=128, kv_cache_memory_bytes=8 << 20)
     try:
         app = create_app(lambda: engine, ServerConfig(served_model_name="moe"))

@@ -11,7 +11,7 @@ import time
 import pytest
 import schemathesis
 
-from inference.server import ServerConfig, create_app
+from inference.server.app import ServerConfig, create_app
 from tests.conftest import assert_all_blocks_free
 from tests.fuzz import fuzz
 

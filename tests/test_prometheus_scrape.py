@@ -13,8 +13,8 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from inference.online_engine import OnlineEngine
-from inference.server import ServerConfig
-from inference.server import create_app as create_inference_app
+from inference.server.app import ServerConfig
+from inference.server.app import create_app as create_inference_app
 from tests.net import free_port
 
 PROMETHEUS = shutil.which("prometheus")

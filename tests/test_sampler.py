@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.sampler import SamplingRow, sample
+from inference.worker.sampler import SamplingRow, sample
 from inference.sampling_params import SamplingParams
 
 PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from inference.request import RequestStatus
-from inference.scheduler import ModelRunnerOutput
+from inference.core.request import RequestStatus
+from inference.interfaces import ModelRunnerOutput
 from tests.factories import (check_block_manager, fake_step, kv_of, make_request,
                              make_scheduler, prompt_tokens, run_to_completion)
 

@@ -30,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference import SamplingParams
-from inference.tokenizer import ByteTokenizer
+from inference.core.tokenizer import ByteTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = "random:tiny"

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from inference.sampler import SamplingRow
+from inference.worker.sampler import SamplingRow
 from inference.sampling_params import SamplingParams
-from inference.scheduler import ModelRunnerOutput
+from inference.interfaces import ModelRunnerOutput
 from inference.spec_decode.config import SpeculativeConfig
 from inference.spec_decode.ngram import NgramProposer
 from inference.spec_decode.rejection import verify_greedy, verify_sampled
@@ -319,7 +319,7 @@ def test_drafts_stop_when_they_cost_more_than_they_give_and_probes_continue():
     """Cost-aware k: a request whose drafts are mostly rejected stops drafting once verification
     is measured to cost more than it yields (one probe draft every PROBE_EVERY steps); a request
     whose drafts are accepted keeps drafting."""
-    from inference.scheduler import ScheduledRequest, SchedulerOutput
+    from inference.interfaces import ScheduledRequest, SchedulerOutput
     from inference.spec_decode.speculator import PROBE_EVERY, Speculator
 
     spec = Speculator(SpeculativeConfig("ngram", 6), proposer=None)

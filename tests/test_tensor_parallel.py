@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from inference import LLM, SamplingParams
-from inference.attention import AttentionMetadata, PrefillChunk
+from inference.models.attention import AttentionMetadata, PrefillChunk
 from inference.config import EngineConfig, ModelConfig
 from inference.loader.model_loader import load_model
 from inference.loader.weights import build_model, init_random_weights

@@ -13,14 +13,20 @@ from pathlib import Path
 import torch
 import yaml
 
-from inference.config import CONFIG_DIR, ModelConfig
+from configs import shipped
+from inference.config import ModelConfig
+from inference.core.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from inference.loader.gguf import convert_gguf
 from inference.loader.presets import preset_config
-from inference.loader.weights import build_model, checkpoint_files, init_random_weights, load_safetensors
+from inference.loader.weights import (
+    build_model,
+    checkpoint_files,
+    init_random_weights,
+    load_safetensors,
+)
 from inference.models.arch import ModelArch
 from inference.models.cpu_packing import cpu_packing_available, pack_linear_weights
 from inference.models.llama import LlamaForCausalLM
-from inference.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,7 @@ def _cpu_has_bf16() -> bool:
 
 
 def model_aliases() -> dict[str, dict]:
-    path = CONFIG_DIR / "models.yaml"
+    path = shipped("models.yaml")
     return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
 
 
@@ -202,7 +208,7 @@ def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device:
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
     if device.type == "cuda":
-        from inference.models.triton_layers import use_triton_kernels   # imports Triton
+        from inference.models.triton_layers import use_triton_kernels  # imports Triton
         use_triton_kernels(model)
 
 

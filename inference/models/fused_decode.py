@@ -1,4 +1,4 @@
-"""The batch-1 decode step as six kernels a dense layer (kernels/gemv_fused.py):
+"""The batch-1 decode step as six kernels a dense layer (inference/kernels/gemv_fused.py):
 
     qkv GEMV (norm scale, RoPE, KV write) -> decode attention (split + merge)
     -> o GEMV (+ residual, sum of squares) -> gate_up GEMV (norm scale, SiLU-and-mul)
@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from inference.models.llama import LlamaForCausalLM, LlamaMLP
-from kernels.gemv_fused import (
+from inference.models.triton_rope import TritonRope
+from inference.kernels.gemv_fused import (
     STATS_LANES,
     GemvWeight,
     RopeKV,
@@ -24,8 +25,8 @@ from kernels.gemv_fused import (
     gemv_silu,
     norm_stats,
 )
-from kernels.rms_norm import rms_norm
-from kernels.rotary_kv_cache import supports_cache
+from inference.kernels.rms_norm import rms_norm
+from inference.kernels.rotary_kv_cache import supports_cache
 
 
 def _gemv(linear, dtype: torch.dtype) -> GemvWeight | None:
@@ -50,7 +51,6 @@ def fused_decode_plan(model: LlamaForCausalLM) -> bool:
 
 def takes_fused_decode(input_ids: torch.Tensor, kv_caches, rope) -> bool:
     """This step: one token, a cache the fused KV write handles, the kernel RoPE."""
-    from inference.models.triton_layers import TritonRope
     return input_ids.shape[0] == 1 and bool(kv_caches) and supports_cache(kv_caches[0][0]) and isinstance(rope, TritonRope)
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.attention import AttentionMetadata, paged_attention, write_kv
+from inference.models.attention import AttentionMetadata, paged_attention, write_kv
 from inference.models.arch import ModelArch
 from inference.models.moe import SparseMoeBlock
 

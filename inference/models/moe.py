@@ -117,7 +117,7 @@ class SparseMoeBlock(nn.Module):
         return out
 
     def use_router_kernel(self, kernel) -> None:
-        """Route with `kernel` (kernels/moe_routing.py:fused_route: softmax, top-k, threshold and the
+        """Route with `kernel` (inference/kernels/moe_routing.py:fused_route: softmax, top-k, threshold and the
         expert-load count in one launch). Its threshold lives in a device tensor, so CUDA graphs
         captured once follow set_router_threshold."""
         self.router_kernel = kernel

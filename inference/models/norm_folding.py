@@ -3,7 +3,7 @@
     (rms_norm(x) * g) @ W^T  ==  rms_norm(x) @ (W * g)^T
 
 so a dense layer's two norms get weight 1 and the batch-1 decode path can apply each norm as one
-scalar per row in the GEMV that follows it (kernels/gemv_fused.py, inference/models/fused_decode.py).
+scalar per row in the GEMV that follows it (inference/kernels/gemv_fused.py, inference/models/fused_decode.py).
 Every other step runs the unit-weight norm and the same folded weights: the same function, one
 bf16 rounding of W * g instead of one of x * g. Only unquantized CUDA loads fold
 (inference/loader/model_loader.py `load_model`): codes taken of W * g lose quality (SmolLM2,

@@ -4,7 +4,7 @@
 CPU); the model code itself has no device branches. The swapped layers:
 
     nn.Linear         -> at one row (batch-1 decode), a Triton GEMV that streams the weight faster
-                         than cuBLAS does at M=1 (kernels/quant_gemv.py `gemv`); F.linear otherwise
+                         than cuBLAS does at M=1 (inference/kernels/quant_gemv.py `gemv`); F.linear otherwise
     RMSNorm           -> fused residual-add + RMSNorm (one pass, residual updated in place)
     SiluAndMul        -> one kernel instead of silu, mul and a temporary
     RotaryEmbedding   -> in-place RoPE on the q/k part of the fused qkv output, from positions
@@ -27,6 +27,7 @@ from inference.models.fused_decode import (
     fused_decode_plan,
     takes_fused_decode,
 )
+from inference.models.triton_rope import TritonRope
 from inference.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -35,14 +36,13 @@ from inference.models.llama import (
     RotaryEmbedding,
     SiluAndMul,
 )
-from kernels.activation import silu_and_mul
-from kernels.decode_attention import decode_attention
-from kernels.kv_cache import write_kv_cache
-from kernels.prefill_attention import prefill_attention
-from kernels.quant_gemv import GemvWeight, gemv
-from kernels.rms_norm import rms_norm
-from kernels.rotary import rotary_embedding
-from kernels.rotary_kv_cache import rotary_kv_cache, supports_cache
+from inference.kernels.activation import silu_and_mul
+from inference.kernels.decode_attention import decode_attention
+from inference.kernels.kv_cache import write_kv_cache
+from inference.kernels.prefill_attention import prefill_attention
+from inference.kernels.quant_gemv import GemvWeight, gemv
+from inference.kernels.rms_norm import rms_norm
+from inference.kernels.rotary_kv_cache import rotary_kv_cache, supports_cache
 
 
 @dataclass
@@ -80,16 +80,6 @@ class TritonRMSNorm(RMSNorm):
 class TritonSiluAndMul(SiluAndMul):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(x)
-
-
-class TritonRope:
-    """One step's RoPE: apply(x) rotates x [T, H, D] in place (x may view the fused qkv output)."""
-
-    def __init__(self, positions: torch.Tensor, cos_sin: torch.Tensor):
-        self.positions, self.cos_sin = positions, cos_sin
-
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        return rotary_embedding(self.positions, x, self.cos_sin)
 
 
 class TritonRotaryEmbedding(RotaryEmbedding):
@@ -162,8 +152,8 @@ def use_triton_kernels(model: LlamaForCausalLM) -> None:
             module.__class__ = swap
     from inference.models.moe import moe_blocks
     for _, block in moe_blocks(model):     # experts: one grouped GEMM pair instead of a loop (graph-safe)
-        from kernels.fused_moe import fused_experts
-        from kernels.moe_routing import fused_route
+        from inference.kernels.fused_moe import fused_experts
+        from inference.kernels.moe_routing import fused_route
         block.experts = fused_experts
         block.use_router_kernel(fused_route)
     rotary = model.rotary

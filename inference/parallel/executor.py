@@ -33,12 +33,8 @@ import torch
 
 from inference.config import EngineConfig
 from inference.loader.model_loader import LoadedModel, LoadPlan, plan_load
-from inference.model_runner import (
-    CPU_KV_CACHE_BYTES,
-    ModelRunner,
-    StepHandle,
-    num_kv_blocks,
-)
+from inference.worker.model_runner import ModelRunner
+from inference.worker.runner_factory import build_runner
 from inference.parallel.comm import TPComm, from_store, serve_store
 from inference.parallel.step import step_message
 from inference.parallel.tp_transform import (
@@ -46,7 +42,7 @@ from inference.parallel.tp_transform import (
     check_tp_supported,
     install_parallel_layers,
 )
-from inference.scheduler import ModelRunnerOutput, SchedulerOutput
+from inference.interfaces import ModelRunnerOutput, Runner, SchedulerOutput, StepHandle
 
 log = logging.getLogger(__name__)
 
@@ -78,23 +74,6 @@ def check_tp_config(config: EngineConfig, load: LoadPlan) -> None:
         if load.device.index not in (None, 0):
             raise ValueError(f"device: tensor parallelism runs rank r on cuda:r; use device='cuda', "
                              f"not {config.model.device!r}")
-
-
-def build_rank_runner(loaded: LoadedModel, config: EngineConfig, comm: TPComm) -> ModelRunner:
-    """A rank's runner, with the KV block count every rank can hold (so block ids agree)."""
-    cache = config.cache
-    if loaded.device.type == "cuda":
-        # written for NCCL + CUDA graphs, not run yet (no multi-GPU machine was lent)
-        if cache.kv_cache_dtype == "int8":
-            raise ValueError("kv_cache_dtype='int8' runs on the CPU path only")
-        from inference.cuda_runner import CudaModelRunner, size_kv_cache
-        torch.cuda.set_device(loaded.device)
-        num_blocks = comm.min_int(size_kv_cache(loaded, cache, config.scheduler), loaded.device)
-        return CudaModelRunner(loaded, cache, config.scheduler, num_blocks, config.model.seed,
-                               config.model.enforce_eager)
-    kv_bytes = cache.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
-    num_blocks = comm.min_int(num_kv_blocks(loaded, cache, kv_bytes, "kv_cache_memory_bytes"), loaded.device)
-    return ModelRunner(loaded, cache, num_blocks, config.model.seed)
 
 
 @dataclass
@@ -172,7 +151,7 @@ def _watch(shared: _Shared) -> None:
             return
 
 
-class TPExecutor:
+class TPExecutor(Runner):
     """Runner-shaped (launch / collect / remove_requests / num_blocks); anything else is rank
     0's runner's."""
     overlaps = False              # steps in turn: workers need every input token on the host
@@ -323,7 +302,7 @@ def build_tp_executor(config: EngineConfig) -> tuple[LoadedModel, TPExecutor]:
         _expect(shared.workers, "loaded")
         comm = shared.comm = from_store(store, 0, n, loaded.device, timeout)
         install_parallel_layers(loaded.model, plan, comm)
-        driver = build_rank_runner(loaded, config, comm)
+        driver = build_runner(loaded, config, comm)
         _expect(shared.workers, "ready")
     except BaseException:
         _stop_workers(shared)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inference.request import Request
+from inference.core.request import Request
 from inference.sampling_params import SamplingParams
-from inference.scheduler import ScheduledRequest, SchedulerOutput
+from inference.interfaces import ScheduledRequest, SchedulerOutput
 
 _GREEDY = SamplingParams(temperature=0.0)
 

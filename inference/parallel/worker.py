@@ -46,10 +46,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         torch.set_num_threads(spec.num_threads)
         from inference.loader.model_loader import plan_load
         from inference.parallel.comm import connect
-        from inference.parallel.executor import build_rank_runner
         from inference.parallel.loader import load_rank_model
         from inference.parallel.step import RequestMirror
         from inference.parallel.tp_transform import TPPlan, install_parallel_layers
+        from inference.worker.runner_factory import build_runner
 
         config = spec.config
         load = plan_load(config.model)
@@ -59,7 +59,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         comm = connect("127.0.0.1", spec.store_port, spec.rank, spec.world_size, loaded.device,
                        config.parallel.collective_timeout_s)
         install_parallel_layers(loaded.model, plan, comm)
-        runner = build_rank_runner(loaded, config, comm)
+        runner = build_runner(loaded, config, comm)
         conn.send_bytes(pickle.dumps(("ready", runner.num_blocks)))
         mirror = RequestMirror()
         while True:

@@ -7,7 +7,7 @@ forward scales every input row (token) by its own max |x| into e4m3 and multipli
     y[m, n] = x_scale[m] * w_scale[n] * sum_k x8[m, k] * w8[n, k]
 
 That is what Hopper's FP8 tensor cores do natively (twice bf16's rate). Decode rows (up to
-GEMV_MAX_ROWS) take a weight-only FP8 GEMV instead (kernels/quant_gemv.py `gemv_fp8`: x stays
+GEMV_MAX_ROWS) take a weight-only FP8 GEMV instead (inference/kernels/quant_gemv.py `gemv_fp8`: x stays
 16-bit, so those rows are slightly more exact than the tensor-core path). GPUs before compute
 capability 8.9 have no FP8 matmul: asking for fp8 there is an error before any weight is
 touched. On the CPU the same arithmetic runs in fp32 (for quality).
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.fp8_quant import per_token_fp8, per_token_fp8_reference
-from kernels.quant_gemv import GEMV_MAX_ROWS, gemv_fp8
+from inference.kernels.fp8_quant import per_token_fp8, per_token_fp8_reference
+from inference.kernels.quant_gemv import GEMV_MAX_ROWS, gemv_fp8
 
 
 def check_fp8_supported(device: torch.device, capability: tuple[int, int] | None = None) -> None:
@@ -67,7 +67,7 @@ class Fp8Linear(nn.Module):
         bias or 32-bit activations (the FP8 GEMV wants 16-bit x)."""
         if self.bias is not None or dtype not in (torch.float16, torch.bfloat16):
             return None
-        from kernels.quant_gemv import GemvWeight               # imports Triton
+        from inference.kernels.quant_gemv import GemvWeight               # imports Triton
         return GemvWeight.e4m3(self.weight_fp8, self.weight_scale)
 
     def weight_bytes(self) -> int:

@@ -2,7 +2,7 @@
 stacked weight becomes one QuantLinear per expert; attention, dense and shared-expert linears
 become QuantLinears as in dense models; the router stays in the model's dtype (it is tiny and
 its top-k choice is sensitive). On the CPU the experts run through the per-expert path; on CUDA
-the fused kernel reads their codes (kernels/fused_moe.py).
+the fused kernel reads their codes (inference/kernels/fused_moe.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class QuantExperts(nn.Module):
         scales, zeros  fp32 [E, out, G]
 
     `linear(e, x)` is expert e's product (the CPU's per-expert path dequantizes it); the fused GPU
-    kernel (kernels/fused_moe.py) reads the codes directly."""
+    kernel (inference/kernels/fused_moe.py) reads the codes directly."""
 
     def __init__(self, stacked: torch.Tensor, cfg: QuantConfig):
         super().__init__()

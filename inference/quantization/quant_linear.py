@@ -4,7 +4,7 @@
     scales   fp32 [out, G]      zeros  fp32 [out, G]      (G groups along the input dim)
 
 On the CPU, forward dequantizes the weight to the activations' dtype and multiplies; on CUDA it
-runs the W8A16 / W4A16 Triton kernel (kernels/quant_matmul.py), which reads the codes directly.
+runs the W8A16 / W4A16 Triton kernel (inference/kernels/quant_matmul.py), which reads the codes directly.
 The weight bytes the model holds are the codes plus the group parameters (`weight_bytes`).
 """
 from __future__ import annotations
@@ -44,17 +44,17 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if x.is_cuda or self.use_kernel:
-            from kernels.quant_matmul import quant_matmul        # imports Triton
+            from inference.kernels.quant_matmul import quant_matmul        # imports Triton
             y = quant_matmul(x.reshape(-1, self.in_features), self.qweight, self.scales, self.zeros, self.bits,
                              self.group_len).view(*x.shape[:-1], self.out_features)
             return y if bias is None else y + bias
         return F.linear(x, self.dequantized(x.dtype), bias)
 
     def gemv_weight(self, dtype: torch.dtype):
-        """The codes as the fused decode GEMVs take them (kernels/gemv_fused.py); None with a bias."""
+        """The codes as the fused decode GEMVs take them (inference/kernels/gemv_fused.py); None with a bias."""
         if self.bias is not None:
             return None
-        from kernels.quant_gemv import GemvWeight               # imports Triton
+        from inference.kernels.quant_gemv import GemvWeight               # imports Triton
         return GemvWeight(self.qweight, self.scales, self.zeros, self.bits, min(self.group_len, self.in_features))
 
     def weight_bytes(self) -> int:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.block_manager import BlockManager
+from inference.core.block_manager import BlockManager
 from inference.config import CacheConfig, ModelConfig
 from inference.loader.model_loader import load_model
-from inference.request import Request
-from inference.sampler import SamplingRow, draw, processed_probs
-from inference.scheduler import ScheduledRequest
+from inference.core.request import Request
+from inference.worker.sampler import SamplingRow, draw, processed_probs
+from inference.interfaces import ScheduledRequest
 from inference.spec_decode.config import SpeculativeConfig
 
 PROBE_TEXT = "def add(a, b):\n    return a + b  # Hello, world! Ünïcödé 123"
@@ -55,7 +55,8 @@ def draft_model_config(config: SpeculativeConfig, target: ModelConfig) -> ModelC
 
 class DraftModelProposer:
     def __init__(self, config: SpeculativeConfig, engine):
-        from inference.model_runner import CPU_KV_CACHE_BYTES, ModelRunner, num_kv_blocks
+        from inference.worker.kv_sizing import CPU_KV_CACHE_BYTES, num_kv_blocks
+        from inference.worker.model_runner import ModelRunner
         if engine.runner.device.type != "cpu":
             raise ValueError(f"speculative_config.method {config.method!r}: draft models run on the CPU path "
                              "only so far; use method 'ngram' on CUDA")

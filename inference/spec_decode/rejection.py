@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.sampler import SamplingRow, draw, processed_probs
+from inference.worker.sampler import SamplingRow, draw, processed_probs
 
 
 def verify_greedy(target_ids: list[int], draft: list[int]) -> list[int]:

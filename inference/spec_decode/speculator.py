@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from inference.request import Request, RequestStatus
-from inference.scheduler import ModelRunnerOutput, SchedulerOutput
+from inference.core.request import Request, RequestStatus
+from inference.interfaces import ModelRunnerOutput, SchedulerOutput
 from inference.spec_decode.config import SpeculativeConfig
 from inference.spec_decode.ngram import NgramProposer
 from inference.spec_decode.step_cost import StepCost

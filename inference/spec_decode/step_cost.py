@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.scheduler import SchedulerOutput
+from inference.interfaces import SchedulerOutput
 
 PRIOR_RATIO = 1.3            # until both kinds of step have been seen
 SMOOTHING = 0.1              # weight of the newest step in each average

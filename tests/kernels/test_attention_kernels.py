@@ -12,13 +12,13 @@ import math
 import pytest
 import torch
 
-from kernels.decode_attention import (
+from inference.kernels.decode_attention import (
     SPLIT_CHOICES,
     choose_num_splits,
     decode_attention,
     decode_attention_reference,
 )
-from kernels.prefill_attention import prefill_attention, prefill_attention_reference
+from inference.kernels.prefill_attention import prefill_attention, prefill_attention_reference
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

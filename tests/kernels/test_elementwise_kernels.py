@@ -13,11 +13,11 @@ import zlib
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul, silu_and_mul_reference
-from kernels.kv_cache import write_kv_cache, write_kv_cache_reference
-from kernels.rms_norm import rms_norm, rms_norm_reference
-from kernels.rotary import rotary_embedding, rotary_reference
-from kernels.rotary_kv_cache import rotary_kv_cache, rotary_kv_cache_reference
+from inference.kernels.activation import silu_and_mul, silu_and_mul_reference
+from inference.kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+from inference.kernels.rms_norm import rms_norm, rms_norm_reference
+from inference.kernels.rotary import rotary_embedding, rotary_reference
+from inference.kernels.rotary_kv_cache import rotary_kv_cache, rotary_kv_cache_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

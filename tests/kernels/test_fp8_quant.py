@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fp8_quant import per_token_fp8, per_token_fp8_reference
+from inference.kernels.fp8_quant import per_token_fp8, per_token_fp8_reference
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

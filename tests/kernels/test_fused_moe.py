@@ -1,4 +1,4 @@
-"""The fused mixture-of-experts path (kernels/fused_moe.py) against the per-expert PyTorch
+"""The fused mixture-of-experts path (inference/kernels/fused_moe.py) against the per-expert PyTorch
 reference: under the Triton interpreter on the CPU at small sizes, compiled on a GPU (plus a
 Mixtral-sized layer there). Fresh random inputs per case; routes with dropped assignments
 (router threshold), experts that get no token, more experts than tokens."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from inference.models.moe import experts_reference, route
-from kernels.fused_moe import fused_experts
-from kernels.moe_routing import align_assignments, fused_route
+from inference.kernels.fused_moe import fused_experts
+from inference.kernels.moe_routing import align_assignments, fused_route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -71,7 +71,7 @@ def test_quantized_experts_gemv_with_16_bit_activations(bits, group):
 
     from inference.quantization.config import QuantConfig
     from inference.quantization.moe_experts import QuantExperts
-    from kernels.quant_gemv import gemv_config
+    from inference.kernels.quant_gemv import gemv_config
     x, w13, w2, weights, ids = _case(2, 256, 128, 4, 2, torch.bfloat16, 0.3, bits)
     cfg = QuantConfig(method="rtn", bits=bits, group_size=group)
     q13, q2 = QuantExperts(w13, cfg).to(DEVICE), QuantExperts(w2, cfg).to(DEVICE)

@@ -1,4 +1,4 @@
-"""The batch-1 decode GEMVs with fused epilogues (kernels/gemv_fused.py) against their PyTorch
+"""The batch-1 decode GEMVs with fused epilogues (inference/kernels/gemv_fused.py) against their PyTorch
 reference: residual add + sum of squares, norm-scaled SiLU-and-mul over paired gate / up rows,
 norm-scaled RoPE + KV-cache write over paired head rows; plain, int8, int4 and fp8 weights.
 
@@ -12,7 +12,7 @@ import torch
 
 from inference.quantization.config import QuantConfig
 from inference.quantization.int_quant import dequantize, pack_int4, quantize_rtn
-from kernels.gemv_fused import (
+from inference.kernels.gemv_fused import (
     RESIDUAL,
     ROPE,
     SILU,

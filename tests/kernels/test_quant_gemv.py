@@ -1,6 +1,6 @@
-"""The decode GEMV's code conversions (kernels/quant_gemv.py, CONVERT 1-3).
+"""The decode GEMV's code conversions (inference/kernels/quant_gemv.py, CONVERT 1-3).
 
-The PTX strings (kernels/gemv_codes.py) cannot run on the CPU, so they run here through a small model of the PTX they use
+The PTX strings (inference/kernels/gemv_codes.py) cannot run on the CPU, so they run here through a small model of the PTX they use
 (prmt, lop3, shr, mov, f16x2 sub / mul / fma, cvt, add): the same strings the kernel hands to
 tl.inline_asm_elementwise, fed words packed the way Triton packs them (element j of a pack in byte
 j, little-endian), checked against the codes' column order (int8: byte j = column j; int4: byte b
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import gemv_codes as gc
-from kernels import quant_gemv as qg
+from inference.kernels import gemv_codes as gc
+from inference.kernels import quant_gemv as qg
 from tests.kernels.test_quant_matmul import CUDA, DEVICE, TOL, run_case
 
 MASK32 = 0xFFFFFFFF
@@ -229,7 +229,7 @@ def test_gemv_variants_real_shapes(bits, group, n, k, outlier):
     activations of 3000 (as Llama's down_proj inputs do) so that CONVERT 3's scaling must act."""
     from inference.quantization.config import QuantConfig
     from inference.quantization.int_quant import pack_int4, quantize_rtn
-    from kernels.quant_matmul import quant_matmul_reference
+    from inference.kernels.quant_matmul import quant_matmul_reference
     assert torch.isnan(torch.empty(4, device="cuda")).all()
     gen = torch.Generator(device="cuda").manual_seed(n + k + bits)
     w = torch.randn(n, k, generator=gen, device="cuda") * 0.02

@@ -10,8 +10,8 @@ import torch
 
 from inference.quantization.config import QuantConfig
 from inference.quantization.int_quant import pack_int4, quantize_rtn
-from kernels.quant_gemv import GEMV_MAX_ROWS, gemv, gemv_fp8, quant_gemv
-from kernels.quant_matmul import choose_tiles, quant_matmul, quant_matmul_reference
+from inference.kernels.quant_gemv import GEMV_MAX_ROWS, gemv, gemv_fp8, quant_gemv
+from inference.kernels.quant_matmul import choose_tiles, quant_matmul, quant_matmul_reference
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -84,7 +84,7 @@ def test_real_shapes(bits, m, n, k):
 
 @pytest.mark.parametrize("bits,group", [(4, 32), (8, -1), (4, 64)])
 def test_large_m_dequantize_path(bits, group):
-    from kernels.quant_matmul import DEQUANT_MIN_ROWS
+    from inference.kernels.quant_matmul import DEQUANT_MIN_ROWS
     assert case(DEQUANT_MIN_ROWS + 3, 24, 192, bits, group, torch.float32, seed=bits + 50) < TOL[torch.float32]
 
 

@@ -17,7 +17,7 @@ import requests
 from werkzeug.serving import make_server
 
 from inference.online_engine import OnlineEngine
-from inference.server import ServerConfig, create_app
+from inference.server.app import ServerConfig, create_app
 from pipelines.inference_client import (
     HttpClient,
     InferenceError,

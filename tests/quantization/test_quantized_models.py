@@ -289,7 +289,7 @@ def kv_cache_kl(llm_fp32, kv_dtype) -> float:
 
 
 def test_fp8_kv_cache(llm_fp32):
-    from inference.attention import write_kv
+    from inference.models.attention import write_kv
     # saturates instead of NaN past e4m3's range, and reads back in the model's dtype
     k_cache = torch.zeros(2, 4, 1, 8, dtype=torch.float8_e4m3fn)
     v_cache = torch.zeros_like(k_cache)
@@ -314,7 +314,7 @@ def test_fp8_kv_cache(llm_fp32):
 
 
 def test_int8_kv_cache_rows_carry_their_scales():
-    from inference.attention import dequantize_int8_rows, gather_blocks, quantize_int8_rows, write_kv
+    from inference.models.attention import dequantize_int8_rows, gather_blocks, quantize_int8_rows, write_kv
     gen = torch.Generator().manual_seed(3)
     k = torch.randn(5, 2, 16, generator=gen) * torch.tensor([0.01, 30.0])[None, :, None]   # heads far apart
     rows = quantize_int8_rows(k)
@@ -357,7 +357,7 @@ def test_int8_kv_cache_engine(llm_fp32):
 
 def test_int8_kv_cache_is_refused_on_cuda_with_a_reason():
     from inference.config import EngineConfig
-    from inference.model_runner import build_runner
+    from inference.worker.runner_factory import build_runner
     config = EngineConfig.load(model="random:tiny", kv_cache_dtype="int8")
     loaded = type("Loaded", (), {"device": torch.device("cuda")})()
     with pytest.raises(ValueError, match="CPU path only.*fp8_e4m3"):

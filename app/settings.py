@@ -1,0 +1,61 @@
+"""Every environment variable the web side reads, parsed once into one typed object.
+
+`create_app` builds a `WebSettings()` (or takes one), and copies the values its views read into
+the Flask config, where a test or an embedding caller may override them per app. A malformed
+value (CHAT_MAX_TOKENS=abc) fails at startup with the variable's name, not on the first request.
+"""
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WebSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    # stores: sessions, Celery broker, rate-limit counters; in-process stores without REDIS_URL
+    redis_url: str | None = None
+    session_ttl: int = Field(7 * 24 * 3600, gt=0)
+    celery_broker_url: str | None = None                  # default: REDIS_URL
+    # the broker redelivers an unacknowledged task after this long: above the longest task
+    celery_visibility_timeout_s: int = Field(7200, gt=0)
+    # config files (resolved by `configs`: these override the shipped ones)
+    kb_path: str | None = None
+    kb_cache_dir: str | None = None
+    intents_path: str | None = None
+    banned_words_path: str | None = None
+    tenants_path: str | None = None
+    # support chat generation and admission
+    chat_temperature: float = Field(0.7, ge=0)
+    chat_max_tokens: int = Field(512, gt=0)
+    chat_prompt_budget: int = Field(1400, gt=0)             # prompt tokens
+    chat_build_wait_s: float = Field(1.0, ge=0)             # first pipeline build before degrading
+    chat_rebuild_max_s: float = Field(2.0, gt=0)            # longest wait between rebuild attempts
+    chat_max_turns: int = Field(48, gt=0)                   # turns in flight; more get 503
+    # code completion
+    model: str = "smollm2"                                  # the model name responses report
+    completion_api_keys: str = ""                           # comma-separated; hashed at startup
+    completion_repo_roots: str | None = None                # comma-separated; default: the checkout
+    # processes
+    inference_url: str | None = None                        # the inference service, when not in-process
+    shutdown_drain_s: float = Field(30.0, ge=0)
+    web_connection_limit: int = Field(2000, gt=0)
+    worker_metrics_port: int = Field(9808, ge=0)            # Celery worker metrics; 0: off
+    web_bind: str = "0.0.0.0:8000"                          # gunicorn (app/gunicorn_conf.py)
+    web_workers: int = Field(2, gt=0)
+    web_threads: int = Field(32, gt=0)
+    web_timeout_s: int = Field(180, gt=0)
+    web_graceful_s: int = Field(30, ge=0)
+
+    def flask_config(self) -> dict:
+        """The Flask config keys `create_app` and the views read."""
+        return {
+            "REDIS_URL": self.redis_url, "SESSION_TTL": self.session_ttl,
+            "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "INTENTS_PATH": self.intents_path,
+            "BANNED_WORDS_PATH": self.banned_words_path, "TENANTS_PATH": self.tenants_path,
+            "CHAT_TEMPERATURE": self.chat_temperature, "CHAT_MAX_TOKENS": self.chat_max_tokens,
+            "CHAT_PROMPT_BUDGET": self.chat_prompt_budget, "CHAT_BUILD_WAIT_S": self.chat_build_wait_s,
+            "CHAT_REBUILD_MAX_S": self.chat_rebuild_max_s, "CHAT_MAX_TURNS": self.chat_max_turns,
+            "CELERY_BROKER_URL": self.celery_broker_url,
+            "CELERY_VISIBILITY_TIMEOUT_S": self.celery_visibility_timeout_s,
+        }
