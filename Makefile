@@ -51,7 +51,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
 bench: $(STAMP)
-	$(PY) bench/cpu_engine.py
+	$(PY) -m bench.cpu.cpu_engine
 
 clean:
 	rm -rf $(VENV) .pytest_cache

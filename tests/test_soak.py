@@ -1,4 +1,4 @@
-"""The CI-sized soak (bench/soak.py): one minute of steady chat + completion load on loopback
+"""The CI-sized soak (bench/cpu/soak.py): one minute of steady chat + completion load on loopback
 with the tiny model; no errors, every KV block free, no unfinished request at the end, and
 resident memory flat within 32 MB between the first and last third of the samples. Before the
 packed linears padded their row counts (inference/models/cpu_packing.py) this run grew ~100 MB,
@@ -7,13 +7,8 @@ bench/results/soak.json)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import soak
+from bench.cpu import soak
 
 
 def test_one_minute_soak(tmp_path):

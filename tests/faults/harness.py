@@ -252,7 +252,7 @@ def wait_until(check, timeout: float, interval: float = 0.25):
 
 @dataclass
 class ScenarioResult:
-    """One row of bench/faults.py's table."""
+    """One row of bench/cpu/faults.py's table."""
     scenario: str
     requests: int = 0
     server_errors: int = 0             # 5xx other than a 503 with Retry-After

@@ -1,6 +1,6 @@
 """Scenarios 1-3 and 5: the inference service down at boot, killed mid-stream, hung, and the
 embedding model failing. Each returns a ScenarioResult (tests/faults/test_faults.py asserts on
-it; bench/faults.py prints it)."""
+it; bench/cpu/faults.py prints it)."""
 from __future__ import annotations
 
 import threading

@@ -1,6 +1,6 @@
 """The fault-injection suite: real processes on loopback (the inference service, the web app,
 Redis), each scenario bounded in time and cleaned up. The same scenarios make the table of
-`python bench/faults.py`. Every scenario must end with no 5xx (a 503 that says when to retry is
+`python -m bench.cpu.faults`. Every scenario must end with no 5xx (a 503 that says when to retry is
 counted apart), no accepted customer message missing, and recovery within BREAKER_RESET_S + 5 s
 of the dependency coming back."""
 from __future__ import annotations

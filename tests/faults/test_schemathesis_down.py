@@ -73,6 +73,6 @@ def test_no_server_errors_while_inference_is_down(down_app, api):
     counts = fuzz(schema, EXAMPLES_PER_OPERATION, prepare, {**CHAT_KEY, **API_KEY},
                   lambda p: p.startswith("/api/chat") if chat else p.startswith("/v1/"), after)
     assert sum(counts.values()) >= 200, dict(counts)
-    if os.environ.get("FAULTS_SCHEMATHESIS_OUT"):           # bench/faults.py's row
+    if os.environ.get("FAULTS_SCHEMATHESIS_OUT"):           # bench/cpu/faults.py's row
         with open(os.environ["FAULTS_SCHEMATHESIS_OUT"], "a") as f:
             f.write(json.dumps({"api": api, "cases": dict(counts), "shed": len(shed)}) + "\n")

@@ -23,7 +23,7 @@ from inference.kernels.prefill_attention import prefill_attention, prefill_atten
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-# bf16 operands with fp32 accumulation land between 1e-3 and 1e-2 relative error (METHOD.md)
+# bf16 operands with fp32 accumulation land between 1e-3 and 1e-2 relative error (bench/journal/METHOD.md)
 TOL = {torch.float32: 2e-3 if CUDA else 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 5e-3}
 
 
@@ -294,7 +294,7 @@ def test_prefill_long_context():
     assert run_prefill([(28000, 4768), (0, 8191)], 32, 8, 128, 16, torch.bfloat16, seed=5) < 1.5e-2
 
 
-# the variants bench/gpu_kernels.py times (PREFILL_VARIANTS; {} = the wrapper's defaults)
+# the variants bench/gpu/gpu_kernels.py times (PREFILL_VARIANTS; {} = the wrapper's defaults)
 PREFILL_GPU_CONFIGS = [
     {},
     {"heads_first": False},

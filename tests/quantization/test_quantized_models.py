@@ -90,7 +90,7 @@ def test_quantized_checkpoint_round_trip(tmp_path, method, bits, group, act_orde
 def test_scale_tuning_lowers_its_objective_and_keeps_codes_and_zeros():
     # GPTQ's codes and zero points stay; the tuned scales, as stored (fp16-representable), must
     # bring the next-token distributions closer to the unquantized model's on the tuning windows.
-    # (Whether that carries over to unseen text is bench/quality.py's question, on real weights:
+    # (Whether that carries over to unseen text is bench/cpu/quality.py's question, on real weights:
     # a tiny random model with a few windows of random tokens overfits them.)
     lm = tiny(3)
     vocab = lm.arch.vocab_size
