@@ -148,7 +148,7 @@ def _decode_split_words_kernel(
 ):
     """_decode_split_kernel for float8 e4m3 caches, read as words of four codes: the tiles are
     converted to fp16 in registers, before shared memory, so V reaches the MMA through 16-bit
-    transposing loads instead of byte loads (bench/NOTES.md run 32). Column d = 4 w + j of the head
+    transposing loads instead of byte loads (bench/journal run 32). Column d = 4 w + j of the head
     lives in byte j of word w, so q, the scores' dots and the output are taken per byte j."""
     grid_dependency_sync(PDL)
     b = tl.program_id(0)
@@ -264,7 +264,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     int32 (each >= 1) -> out [B, H, D] in q's dtype. The new token's K/V must already be cached.
     A float8 cache is read as words of four codes (`words`, the default for a 16-bit q; False:
     as float8 tiles): 275-310 vs 420 us at batch 512 x context 192 on the H200, 61-69% vs 45% of
-    copy (bench/NOTES.md run 32). Default warps / stages: 4 / 2, or FP8_WARPS_STAGES (2 / 3) for
+    copy (bench/journal run 32). Default warps / stages: 4 / 2, or FP8_WARPS_STAGES (2 / 3) for
     a float8 cache (the leaders of the H200 sweeps at that shape; runs 30, 32)."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "decode_attention", q, k_cache, v_cache)

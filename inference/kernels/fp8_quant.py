@@ -7,7 +7,7 @@ PyTorch reference, wrapper.
 One program per row does what took ~6 PyTorch ops (abs, amax, divide, clamp, cast, pad): rows
 M..M_pad-1 are written as zeros, so cuBLASLt gets the 16-aligned row count it wants without a
 separate pad. At batch 1 a 7B decode step runs this before each of its 128 linears, so the
-launches it saves are most of what FP8 lost to bf16 there (bench/NOTES.md).
+launches it saves are most of what FP8 lost to bf16 there (bench/journal).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _per_token_fp8_kernel(X, Q, S, M, K, stride_xm, stride_qm, BLOCK_K: tl.const
     k_read = tl.where(live, K, 0)
     if ONE_PASS:
         # the whole row in registers: one load, so a batch-1 step's 128 calls are one memory
-        # round trip each instead of two chains of K / BLOCK_K dependent loads (bench/NOTES.md run 28)
+        # round trip each instead of two chains of K / BLOCK_K dependent loads (bench/journal run 28)
         k = tl.arange(0, BLOCK_K)
         x = tl.load(row + k, mask=k < k_read, other=0.0).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), 0) / E4M3_MAX, MIN_SCALE)

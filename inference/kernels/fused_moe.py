@@ -42,7 +42,7 @@ from inference.kernels.triton_utils import (
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Up to this many tokens the GEMV path runs (each token re-reads its experts' rows; the grouped
-# GEMM reads each used expert once). H200 layer sweep: bench/NOTES.md (MoE runs).
+# GEMM reads each used expert once). H200 layer sweep: bench/journal (MoE runs).
 MOE_GEMV_MAX_TOKENS = 2
 
 # ---- quantized expert weights ------------------------------------------------------------------
@@ -124,7 +124,7 @@ def choose_config(num_tokens: int, top_k: int, num_experts: int) -> tuple[int, i
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped GEMM by the mean rows per
     expert: row tiles about as tall as an expert's run, long K slabs while the weights stream
     (memory-bound), square tiles once there are rows enough for the tensor cores. The leaders of
-    the H200 sweep at Mixtral's shape (bench/moe_gpu.py layer; bench/NOTES.md MoE runs)."""
+    the H200 sweep at Mixtral's shape (bench/gpu/moe_gpu.py layer; bench/journal MoE runs)."""
     rows = num_tokens * top_k / num_experts
     if rows <= 8:
         return (16, 64, 128, 4, 4)

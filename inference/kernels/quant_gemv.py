@@ -15,10 +15,10 @@ output to zero and cast):
 
 BITS=16 streams a plain float weight [N, K] (the model's dtype) through the same loop, no groups:
 `gemv`, the batch-1 path of unquantized linears, 2 rows x 4096 columns per step (2 warps), which
-beats cuBLAS on every 7B shape at M=1 (bench/NOTES.md runs 22 and 35: 100.6 vs 115.7 us a layer).
+beats cuBLAS on every 7B shape at M=1 (bench/journal runs 22 and 35: 100.6 vs 115.7 us a layer).
 
 How codes become numbers (CONVERT, `quant_gemv(..., convert=)`; the int8 / int4 GEMVs are bound
-by instructions, not bytes: bench/NOTES.md runs 16-19):
+by instructions, not bytes: bench/journal runs 16-19):
 
     0  u8 -> fp32 per code (I2F, 16 a clock per SM on Hopper), fp32 FMA with x
     1  fp16 magic: PRMT (int8) / LOP3 (int4) puts codes into the mantissa of fp16 1024 (0x6400),
@@ -31,7 +31,7 @@ by instructions, not bytes: bench/NOTES.md runs 16-19):
        of two per program so that a lane cannot overflow fp16 (|x| < 2^9 int4, 2^5 int8); fp16
        products: ~1e-3 relative error per 8-code chunk (the bf16 output rounds at 4e-3)
 
-Defaults (`choose_convert`, H200 sweep, bench/NOTES.md run 30): int8 2, int4 3 (1 where its
+Defaults (`choose_convert`, H200 sweep, bench/journal run 30): int8 2, int4 3 (1 where its
 words do not fit), 1 for fp32 activations. 1-3 are PTX (inference/kernels/gemv_codes.py) on the GPU; under
 the interpreter (CPU) the same bit operations run as Triton integer / fp16 ops (EMULATE), so the
 CPU tests check the layout logic.
@@ -57,7 +57,7 @@ from inference.kernels.triton_utils import (
     use_pdl,
 )
 
-# Up to this many rows the GEMV beats the tensor-core kernel (H200, bench/quant_gpu.py --sections
+# Up to this many rows the GEMV beats the tensor-core kernel (H200, bench/gpu/quant_gpu.py --sections
 # gemv: int8 qkv at 2 rows 29 vs 47 us, at 4 rows 53 vs 48 us). Each row re-reads the codes, so
 # only one row runs at the codes' full rate: 1.3-1.5x bf16 cuBLAS at int8.
 GEMV_MAX_ROWS = 2
@@ -162,7 +162,7 @@ def _row_sums(x_row, QW, S, Z, rn, n_mask, K, group_len, num_groups, stride_qn, 
     x_unscale = 1.0
     if CONVERT == 3:                       # gemv_codes.HFMA2_X_MAX_LOG2: a lane of 4 products fits fp16
         x_scale, x_unscale = _x_pow2_scale(x_row, K, BLOCK_K, 9 if BITS == 4 else 5)
-    # Tried on the H200 (bench/NOTES.md runs 17-18, 35): an element-wise accumulator summed once
+    # Tried on the H200 (bench/journal runs 17-18, 35): an element-wise accumulator summed once
     # after the loop (holds BLOCK_N x BLOCK_K fp32 and spills: 2x slower), int-to-float replaced
     # by the 2^23 mantissa trick (3-7% slower), the next slab's codes loaded before this slab's
     # products (up to 1.3x slower). Each slab's products are summed as it arrives. Loading the
@@ -207,7 +207,7 @@ def _quant_gemv_kernel(
 
 def choose_gemv_tiles(n: int, k: int, bits: int, fp8: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps), the leaders of the H200 sweeps at M=1 for each format's
-    default conversion (bench/NOTES.md runs 16, 19, 22, 30 and 35):
+    default conversion (bench/journal runs 16, 19, 22, 30 and 35):
       bf16           2 rows x 4096 columns x 2 warps (100.6 vs 104.0 us a layer for run 22's 2 x 1024 x 4)
       int8, fp8      4 x 2048 x 2 on every 7B shape: more programs than 8-row tiles and more bytes
                      in flight a thread (int8 62.0 vs 69.1 us a layer with run 30's 8 x 1024 / 512;
@@ -226,7 +226,7 @@ def choose_gemv_tiles(n: int, k: int, bits: int, fp8: bool = False) -> tuple[int
 
 def choose_convert(bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor,
                    x_dtype: torch.dtype) -> int:
-    """The default conversion, by the H200 sweep (bench/NOTES.md run 30, M=1 on the 7B shapes):
+    """The default conversion, by the H200 sweep (bench/journal run 30, M=1 on the 7B shapes):
     int8 CONVERT 2 (1.02-1.41x the old default tiles, 1.49-1.87x bf16), int4 CONVERT 3 (1.7-3.5x,
     1.55-2.07x bf16) where its 8-code words fit the rows, else 1 (exact, like 0, and faster).
     fp32 activations (the exactness mode) take 1: the same numbers as 0."""
@@ -267,7 +267,7 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     quant_matmul, which dispatches here; group_len is K for per-channel scales.
 
     pdl: a programmatic dependent launch (default: where the GPU has it, inference/kernels/triton_utils.py),
-    letting the next kernel launch only after this one's loop (bench/NOTES.md runs 22-26).
+    letting the next kernel launch only after this one's loop (bench/journal runs 22-26).
     fp8: BITS 16 with e4m3 codes (qweight as uint8 bytes) and one fp32 scale a row in `scales` (`gemv_fp8`).
     convert: how codes become numbers (CONVERTS, the module docstring; default `choose_convert`);
     3 wants K % 8 == 0."""
@@ -355,7 +355,7 @@ def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: 
     (`scale`: N contiguous values, e.g. [1, N] or [N, 1]) -> y [M, N] in x's dtype. Weight-only
     FP8 for decode: at one row cuBLASLt's FP8 GEMM runs a 128-row tile and the activation must be
     quantized first (two kernels, 27 + 6 us a linear on average in the 7B's batch-1 step,
-    bench/NOTES.md run 28); this streams the e4m3 codes once, with x unquantized (run 31)."""
+    bench/journal run 28); this streams the e4m3 codes once, with x unquantized (run 31)."""
     if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"gemv_fp8: want x [M, K] with a contiguous last dim and a contiguous weight [N, K], "
                          f"got {tuple(x.shape)} / {tuple(weight.shape)}")

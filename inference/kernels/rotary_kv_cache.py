@@ -1,7 +1,7 @@
 """RoPE on q and k and the KV-cache write of k and v, in one kernel: Triton kernel, PyTorch
 reference, wrapper.
 
-At batch 1 each of these was its own ~1.5 us launch per layer (bench/NOTES.md run 20); one
+At batch 1 each of these was its own ~1.5 us launch per layer (bench/journal run 20); one
 kernel over the fused qkv rows does both. A token's row of the qkv projection holds
 H + 2 * Hkv head vectors of D:
 

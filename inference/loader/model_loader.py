@@ -215,7 +215,7 @@ def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device:
 def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
     """fold_norms: on CUDA, an unquantized model's RMSNorm weights go into the linears after them
     (inference/models/norm_folding.py: the fused batch-1 decode layers want unit norms). Not for
-    quantized loads: codes of W * g lose quality (bench/quality.py "+fold" variants), and
+    quantized loads: codes of W * g lose quality (bench/cpu/quality.py "+fold" variants), and
     not for `python -m inference quantize` (its checkpoints keep the model's own norms)."""
     plan = plan_load(config)
     model = load_plain_model(plan, config)

@@ -7,7 +7,7 @@ scalar per row in the GEMV that follows it (inference/kernels/gemv_fused.py, inf
 Every other step runs the unit-weight norm and the same folded weights: the same function, one
 bf16 rounding of W * g instead of one of x * g. Only unquantized CUDA loads fold
 (inference/loader/model_loader.py `load_model`): codes taken of W * g lose quality (SmolLM2,
-bench/quality.py "+fold": int8 rtn +0.30% vs +0.20% Δppl, int4 rtn g128 +94.8% vs +34.3%), so
+bench/cpu/quality.py "+fold": int8 rtn +0.30% vs +0.20% Δppl, int4 rtn g128 +94.8% vs +34.3%), so
 quantized models keep their norms (and take the fused path only where those are 1 already, as in
 random-weight models).
 """

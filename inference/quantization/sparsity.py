@@ -10,7 +10,7 @@ Hopper's sparse tensor cores skip the zeros: on CUDA the pruned weight becomes P
 semi-structured sparse tensor (half the values plus 2-bit indices, ~0.56x the bf16 bytes) and
 F.linear dispatches to its CUTLASS / cuSPARSELt kernels. On the CPU the masked weight stays
 dense: the same products, for quality measurements. No retraining, so quality drops: this is a
-measured experiment (bench/quality.py, bench/quant_gpu.py), not a default.
+measured experiment (bench/cpu/quality.py, bench/gpu/quant_gpu.py), not a default.
 """
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ class KVTierStore:
             self.last_sched = None
             self.num_writer_waits = 0        # batches whose copies waited for a step in flight
             self.behind_done: torch.cuda.Event | None = None     # the last step's write-behind copies
-            # bench/kv_tiers.py sets this: (start, end, bytes, write-behind?) of every staged batch
+            # bench/cpu/kv_tiers.py sets this: (start, end, bytes, write-behind?) of every staged batch
             self.copy_timings: list[tuple[torch.cuda.Event, torch.cuda.Event, int, bool]] | None = None
 
     def close(self) -> None:
