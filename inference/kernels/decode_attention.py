@@ -148,8 +148,9 @@ def _decode_split_words_kernel(
 ):
     """_decode_split_kernel for float8 e4m3 caches, read as words of four codes: the tiles are
     converted to fp16 in registers, before shared memory, so V reaches the MMA through 16-bit
-    transposing loads instead of byte loads (bench/journal run 32). Column d = 4 w + j of the head
-    lives in byte j of word w, so q, the scores' dots and the output are taken per byte j."""
+    transposing loads instead of byte loads (bench/journal/2026-12-01-fp8-attention-and-fused-quant.md,
+    run 32). Column d = 4 w + j of the head lives in byte j of word w, so q, the scores' dots and
+    the output are taken per byte j."""
     grid_dependency_sync(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -263,9 +264,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """q [B, H, D], caches [NB, BS, Hkv, D], block_tables [B, max_blocks] int32, context_lens [B]
     int32 (each >= 1) -> out [B, H, D] in q's dtype. The new token's K/V must already be cached.
     A float8 cache is read as words of four codes (`words`, the default for a 16-bit q; False:
-    as float8 tiles): 275-310 vs 420 us at batch 512 x context 192 on the H200, 61-69% vs 45% of
-    copy (bench/journal run 32). Default warps / stages: 4 / 2, or FP8_WARPS_STAGES (2 / 3) for
-    a float8 cache (the leaders of the H200 sweeps at that shape; runs 30, 32)."""
+    as float8 tiles, which is slower: bench/journal/2026-12-01-fp8-attention-and-fused-quant.md,
+    run 32). Default warps / stages: 4 / 2, or FP8_WARPS_STAGES (2 / 3) for a float8 cache (the
+    leaders of the H200 sweeps at batch 512 x context 192: that run, and run 30 in
+    bench/journal/2026-12-01-fp8-regression-and-gemv-conversions.md)."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "decode_attention", q, k_cache, v_cache)
     batch = q.shape[0]

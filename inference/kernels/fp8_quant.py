@@ -4,10 +4,11 @@ PyTorch reference, wrapper.
     x [M, K] (bf16/fp16/fp32)  ->  x8 [M_pad, K] float8_e4m3fn,  scale [M_pad, 1] fp32
     scale[m] = max(max_k |x[m, k]|, tiny) / 448,   x8[m, k] = clamp(x[m, k] / scale[m], +-448)
 
-One program per row does what took ~6 PyTorch ops (abs, amax, divide, clamp, cast, pad): rows
-M..M_pad-1 are written as zeros, so cuBLASLt gets the 16-aligned row count it wants without a
-separate pad. At batch 1 a 7B decode step runs this before each of its 128 linears, so the
-launches it saves are most of what FP8 lost to bf16 there (bench/journal).
+One program per row does in one launch what takes ~6 PyTorch ops (abs, amax, divide, clamp, cast,
+pad): rows M..M_pad-1 are written as zeros, so cuBLASLt gets the 16-aligned row count it wants
+without a separate pad. Every FP8 linear on the tensor-core path runs this before its GEMM, and six
+launches a linear would cost FP8 its matmul advantage (bench/journal/2026-12-01-quantized-weights.md,
+run 18).
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def _per_token_fp8_kernel(X, Q, S, M, K, stride_xm, stride_qm, BLOCK_K: tl.const
     # bool broadcast into a tensor `&` into int, which tl.load rejects)
     k_read = tl.where(live, K, 0)
     if ONE_PASS:
-        # the whole row in registers: one load, so a batch-1 step's 128 calls are one memory
-        # round trip each instead of two chains of K / BLOCK_K dependent loads (bench/journal run 28)
+        # the whole row in registers: one load, so a call on few rows is one memory round trip
+        # instead of two chains of K / BLOCK_K dependent loads (the loop below reads each row twice;
+        # bench/journal/2026-12-01-fp8-regression-and-gemv-conversions.md, run 28)
         k = tl.arange(0, BLOCK_K)
         x = tl.load(row + k, mask=k < k_read, other=0.0).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), 0) / E4M3_MAX, MIN_SCALE)

@@ -42,7 +42,7 @@ from inference.kernels.triton_utils import (
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Up to this many tokens the GEMV path runs (each token re-reads its experts' rows; the grouped
-# GEMM reads each used expert once). H200 layer sweep: bench/journal (MoE runs).
+# GEMM reads each used expert once). H200 layer sweep: bench/journal/2026-12-01-moe.md.
 MOE_GEMV_MAX_TOKENS = 2
 
 # ---- quantized expert weights ------------------------------------------------------------------
@@ -123,8 +123,9 @@ def _grouped_gemm_kernel(
 def choose_config(num_tokens: int, top_k: int, num_experts: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped GEMM by the mean rows per
     expert: row tiles about as tall as an expert's run, long K slabs while the weights stream
-    (memory-bound), square tiles once there are rows enough for the tensor cores. The leaders of
-    the H200 sweep at Mixtral's shape (bench/gpu/moe_gpu.py layer; bench/journal MoE runs)."""
+    (memory-bound), large tiles once there are rows enough for the tensor cores. The leaders of
+    the H200 sweep at Mixtral's shape (bench/gpu/moe_gpu.py layer; bench/journal/2026-12-01-moe.md,
+    M2-M3)."""
     rows = num_tokens * top_k / num_experts
     if rows <= 8:
         return (16, 64, 128, 4, 4)
@@ -132,7 +133,7 @@ def choose_config(num_tokens: int, top_k: int, num_experts: int) -> tuple[int, i
         return (32, 64, 128, 4, 4)
     if rows <= 96:
         return (64, 128, 64, 8, 3)
-    return (128, 256, 64, 8, 3)         # 2048 tokens: 3.10 ms vs 3.64 at 128 x 128
+    return (128, 256, 64, 8, 3)         # big, compute-bound steps: beats 128 x 128 there (M2-M3)
 
 
 def _grouped_gemm(a, b, out, weights, sorted_ids, block_expert, top_k: int, per_token: bool, mul_weight: bool,

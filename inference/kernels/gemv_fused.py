@@ -21,9 +21,10 @@ the other slots.
 Paired rows: SILU gives each program gate row r and up row I + r, ROPE row i of a head and row
 i + D/2, side by side in its [BLOCK_N] rows, so its epilogue holds both halves of each output.
 
-Why in the epilogue: bench/journal run 24 put RMSNorm in the GEMV's prologue (x * g and x^2
-per input element, in every program) and the GEMVs slowed by 20%; here a program's extra work is
-a few loads and stores for its own BLOCK_N rows.
+Why in the epilogue: a prologue's work is per input element, in every program (x * g and x^2 for
+RMSNorm), and costs the GEMVs more than the kernels it removes
+(bench/journal/2026-12-01-batch1-decode-profile.md, run 24); here a program's extra work is a few
+loads and stores for its own BLOCK_N rows.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ from inference.kernels.triton_utils import (
 )
 
 RESIDUAL, SILU, ROPE = 1, 2, 3                      # the epilogues (module docstring)
-STATS_LANES = 32        # fp64 partial sums a row and norm (1 vs 32: within 1%, bench/journal run 36)
+# fp64 partial sums a row and norm (module docstring); one lane measured within noise of 32
+# (bench/journal/2026-12-02-gemv-tiles-and-fused-layer.md, run 36)
+STATS_LANES = 32
 _RESIDUAL, _SILU, _ROPE = tl.constexpr(RESIDUAL), tl.constexpr(SILU), tl.constexpr(ROPE)
 
 
@@ -130,8 +133,9 @@ def _fused_gemv_kernel(
         h = (acc + res).to(OUT.dtype.element_ty)
         tl.store(OUT + m * stride_om + rn, h, mask=n_mask)
         hf = tl.where(n_mask, h.to(tl.float32), 0.0)
-        # relaxed: the reader is the next kernel, after the grid completes (acq_rel, the default,
-        # made every program's tail wait for its stores: o / down 1.1 us slower, bench/journal run 36)
+        # relaxed: the reader is the next kernel, after the grid completes (its PDL wait orders the
+        # stores); acq_rel, the default, makes every program's tail wait for its stores, which slows
+        # o / down (bench/journal/2026-12-02-gemv-tiles-and-fused-layer.md, run 36)
         tl.atomic_add(STATS_OUT + m * LANES + blk % LANES, tl.sum(hf * hf, 0).to(tl.float64), sem="relaxed")
     else:
         first, second = tl.split(tl.reshape(acc, [PAIRS, 2]))             # [PAIRS] each

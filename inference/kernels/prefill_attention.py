@@ -241,13 +241,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     depth of the loops over the new rows, paged_stages that of the loops over the paged cache.
     heads_first: the head-major grid of the module docstring (else chunk-major, one head's tiles
     back to back). tma: load q and the new K/V through TMA descriptors (off by default: no faster
-    than pointer loads on the H200, bench/journal run 11).
-    The defaults lead bench/gpu/gpu_kernels.py's sweeps on the H200 at 4k, d 128 (bench/results/
-    gpu_kernels_prefill*.json): 64 x 64 tiles of one warpgroup leave two programs an SM; the
-    head-major grid gave +6-8% over chunk-major; 2-stage paged loops +12% after a 3072-token
-    prefix (fresh prompts, which run none of them, within noise); 128-row tiles of two warpgroups
-    (which meet at every tile's barrier) and a lazy rescale (a block-wide branch on the max's
-    growth, FA4's trick) were slower."""
+    than pointer loads on the H200, bench/journal/2026-12-01-prefill-and-mixed-step-graphs.md, run 11).
+    The defaults lead bench/gpu/gpu_kernels.py's sweeps on the H200 at 4k, d 128
+    (bench/journal/2026-12-02-prefill-attention.md, run 37): 64 x 64 tiles of one warpgroup leave
+    two programs an SM; the head-major grid beats chunk-major; 2 paged stages beat 3 after a long
+    cached prefix (fresh prompts, read through k_new, run no paged loop); 128-row tiles of two
+    warpgroups (which meet at every tile's barrier) and a lazy rescale (a block-wide branch on the
+    max's growth, FA4's trick) are slower."""
     num_heads, head_dim, block_size, num_kv_heads = check_paged_attention_inputs(
         "prefill_attention", q, k_cache, v_cache)
     num_tokens = q.shape[0]

@@ -15,10 +15,13 @@ output to zero and cast):
 
 BITS=16 streams a plain float weight [N, K] (the model's dtype) through the same loop, no groups:
 `gemv`, the batch-1 path of unquantized linears, 2 rows x 4096 columns per step (2 warps), which
-beats cuBLAS on every 7B shape at M=1 (bench/journal runs 22 and 35: 100.6 vs 115.7 us a layer).
+beats cuBLAS on every 7B shape at M=1 (bench/journal/2026-12-01-batch1-decode-profile.md, run 22;
+bench/journal/2026-12-02-gemv-tiles-and-fused-layer.md, run 35).
 
-How codes become numbers (CONVERT, `quant_gemv(..., convert=)`; the int8 / int4 GEMVs are bound
-by instructions, not bytes: bench/journal runs 16-19):
+How codes become numbers (CONVERT, `quant_gemv(..., convert=)`; at one conversion per code (0) the
+GEMV is bound by instructions, not bytes, so 1-3 convert two or more codes an instruction: runs 16-19
+of bench/journal/2026-12-01-quantized-weights.md, run 30 of
+bench/journal/2026-12-01-fp8-regression-and-gemv-conversions.md):
 
     0  u8 -> fp32 per code (I2F, 16 a clock per SM on Hopper), fp32 FMA with x
     1  fp16 magic: PRMT (int8) / LOP3 (int4) puts codes into the mantissa of fp16 1024 (0x6400),
@@ -31,7 +34,7 @@ by instructions, not bytes: bench/journal runs 16-19):
        of two per program so that a lane cannot overflow fp16 (|x| < 2^9 int4, 2^5 int8); fp16
        products: ~1e-3 relative error per 8-code chunk (the bf16 output rounds at 4e-3)
 
-Defaults (`choose_convert`, H200 sweep, bench/journal run 30): int8 2, int4 3 (1 where its
+Defaults (`choose_convert`, the H200 sweep of run 30): int8 2, int4 3 (1 where its
 words do not fit), 1 for fp32 activations. 1-3 are PTX (inference/kernels/gemv_codes.py) on the GPU; under
 the interpreter (CPU) the same bit operations run as Triton integer / fp16 ops (EMULATE), so the
 CPU tests check the layout logic.
@@ -57,14 +60,14 @@ from inference.kernels.triton_utils import (
     use_pdl,
 )
 
-# Up to this many rows the GEMV beats the tensor-core kernel (H200, bench/gpu/quant_gpu.py --sections
-# gemv: int8 qkv at 2 rows 29 vs 47 us, at 4 rows 53 vs 48 us). Each row re-reads the codes, so
-# only one row runs at the codes' full rate: 1.3-1.5x bf16 cuBLAS at int8.
+# Up to this many rows the GEMV beats the tensor-core kernel; at 4 it is behind (H200, bench/gpu/quant_gpu.py
+# --sections gemv: bench/journal/2026-12-01-quantized-weights.md, run 16). Each row re-reads the codes,
+# so only one row runs at the codes' full rate.
 GEMV_MAX_ROWS = 2
 
 CONVERTS = (0, 1, 2, 3)
-# Rows a program under the interpreter (the CPU tests): the GPU's 2-16 rows made a tiny model's
-# LM head 16k programs a step there, ~85% of the kernel-path tests' time.
+# Rows a program under the interpreter (the CPU tests), which pays per program (gemv_config): the GPU's
+# 2-16 rows would make a tiny model's LM head 16k programs a step there.
 INTERPRETER_ROWS = 64
 
 @triton.jit
@@ -162,11 +165,12 @@ def _row_sums(x_row, QW, S, Z, rn, n_mask, K, group_len, num_groups, stride_qn, 
     x_unscale = 1.0
     if CONVERT == 3:                       # gemv_codes.HFMA2_X_MAX_LOG2: a lane of 4 products fits fp16
         x_scale, x_unscale = _x_pow2_scale(x_row, K, BLOCK_K, 9 if BITS == 4 else 5)
-    # Tried on the H200 (bench/journal runs 17-18, 35): an element-wise accumulator summed once
-    # after the loop (holds BLOCK_N x BLOCK_K fp32 and spills: 2x slower), int-to-float replaced
-    # by the 2^23 mantissa trick (3-7% slower), the next slab's codes loaded before this slab's
-    # products (up to 1.3x slower). Each slab's products are summed as it arrives. Loading the
-    # first slab's codes before the PDL wait made no difference: run 27.
+    # Each slab's products are summed as it arrives. Slower on the H200: an element-wise
+    # accumulator summed once after the loop (BLOCK_N x BLOCK_K fp32 spills), the 2^23 mantissa
+    # trick instead of int-to-float (bench/journal/2026-12-01-quantized-weights.md, runs 17-18), the
+    # next slab's codes loaded before this slab's products (2026-12-02-gemv-tiles-and-fused-layer.md,
+    # run 35). Loading the first slab's codes before the PDL wait gains nothing
+    # (2026-12-01-fp8-regression-and-gemv-conversions.md, run 27).
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         codes = _load_codes(q_rows, w_rows, k0, K, n_mask, BITS, BLOCK_K, CONVERT)
@@ -207,13 +211,13 @@ def _quant_gemv_kernel(
 
 def choose_gemv_tiles(n: int, k: int, bits: int, fp8: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps), the leaders of the H200 sweeps at M=1 for each format's
-    default conversion (bench/journal runs 16, 19, 22, 30 and 35):
-      bf16           2 rows x 4096 columns x 2 warps (100.6 vs 104.0 us a layer for run 22's 2 x 1024 x 4)
+    default conversion (bench/journal/2026-12-02-gemv-tiles-and-fused-layer.md, run 35; earlier
+    sweeps: runs 16, 19, 22 and 30):
+      bf16           2 rows x 4096 columns x 2 warps
       int8, fp8      4 x 2048 x 2 on every 7B shape: more programs than 8-row tiles and more bytes
-                     in flight a thread (int8 62.0 vs 69.1 us a layer with run 30's 8 x 1024 / 512;
-                     fp8 59.2 vs 73.8 with bf16's tiles)
-      int4           8 x 4096 x 4 up to 4096 rows (o, down: 6.1 / 13.9 vs 7.1 / 17.5 us), 16 x 1024
-                     x 4 on the wide shapes, 16 x 512 x 2 from 16k rows."""
+                     in flight a thread
+      int4           8 x 4096 x 4 up to 4096 rows, 16 x 1024 x 4 on the wide shapes, 16 x 512 x 2
+                     from 16k rows."""
     if bits == 8 or fp8:
         return (4, min(2048, triton.next_power_of_2(k)), 2)
     if bits == 16:
@@ -226,9 +230,9 @@ def choose_gemv_tiles(n: int, k: int, bits: int, fp8: bool = False) -> tuple[int
 
 def choose_convert(bits: int, k: int, block_k: int, group_tile: int, qweight: torch.Tensor,
                    x_dtype: torch.dtype) -> int:
-    """The default conversion, by the H200 sweep (bench/journal run 30, M=1 on the 7B shapes):
-    int8 CONVERT 2 (1.02-1.41x the old default tiles, 1.49-1.87x bf16), int4 CONVERT 3 (1.7-3.5x,
-    1.55-2.07x bf16) where its 8-code words fit the rows, else 1 (exact, like 0, and faster).
+    """The default conversion, by the H200 sweep (bench/journal/2026-12-01-fp8-regression-and-gemv-conversions.md,
+    run 30, M=1 on the 7B shapes): int8 CONVERT 2, int4 CONVERT 3 where its 8-code words fit the
+    rows, else 1 (exact, like 0, and faster).
     fp32 activations (the exactness mode) take 1: the same numbers as 0."""
     if bits == 16:
         return 0
@@ -267,7 +271,8 @@ def quant_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     quant_matmul, which dispatches here; group_len is K for per-channel scales.
 
     pdl: a programmatic dependent launch (default: where the GPU has it, inference/kernels/triton_utils.py),
-    letting the next kernel launch only after this one's loop (bench/journal runs 22-26).
+    letting the next kernel launch only after this one's loop: launched at the GEMV's start it
+    slows the GEMV (bench/journal/2026-12-01-batch1-decode-profile.md, runs 22-26).
     fp8: BITS 16 with e4m3 codes (qweight as uint8 bytes) and one fp32 scale a row in `scales` (`gemv_fp8`).
     convert: how codes become numbers (CONVERTS, the module docstring; default `choose_convert`);
     3 wants K % 8 == 0."""
@@ -354,8 +359,8 @@ def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: 
     """x [M, K] (bf16 / fp16) times an e4m3 weight [N, K] with one fp32 scale per output row
     (`scale`: N contiguous values, e.g. [1, N] or [N, 1]) -> y [M, N] in x's dtype. Weight-only
     FP8 for decode: at one row cuBLASLt's FP8 GEMM runs a 128-row tile and the activation must be
-    quantized first (two kernels, 27 + 6 us a linear on average in the 7B's batch-1 step,
-    bench/journal run 28); this streams the e4m3 codes once, with x unquantized (run 31)."""
+    quantized first, two kernels a linear; this streams the e4m3 codes once, with x unquantized
+    (bench/journal/2026-12-01-fp8-regression-and-gemv-conversions.md, runs 28 and 31)."""
     if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"gemv_fp8: want x [M, K] with a contiguous last dim and a contiguous weight [N, K], "
                          f"got {tuple(x.shape)} / {tuple(weight.shape)}")

@@ -22,8 +22,8 @@ import triton.language as tl
 from inference.kernels.quant_gemv import GEMV_MAX_ROWS, quant_gemv
 from inference.kernels.triton_utils import dot, dot_fp32
 
-# From this many rows (prefill) the fused kernel loses to dequantize + cuBLAS (H200: int4 at
-# M=2048 ran at 0.05x bf16 fused; bench/journal run 14).
+# From this many rows (prefill) the fused kernel loses to dequantize + cuBLAS: it does not pipeline
+# the code tiles (bench/journal/2026-12-01-quantized-weights.md, runs 14-15).
 DEQUANT_MIN_ROWS = 256
 
 
@@ -120,8 +120,8 @@ def quant_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.T
 def choose_tiles(m: int, n: int, k: int, group_len: int, num_sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K): a K tile never crosses a group; skinny shapes
     split K until there are about two programs per SM."""
-    # the H200 sweep at M=1 (bench/journal/runs/quant_gpu_tiles.json): 128-wide N tiles, the longest
-    # K tile a group allows (256 for per-channel int8), split-K within noise of none
+    # the H200 sweep at M=1 (bench/journal/2026-12-01-quantized-weights.md, run 15): 128-wide N
+    # tiles, the longest K tile a group allows (256 for per-channel int8), split-K within noise of none
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_n = 128
     block_k = 256 if group_len >= k else min(256, group_len)

@@ -1,9 +1,9 @@
 """RoPE on q and k and the KV-cache write of k and v, in one kernel: Triton kernel, PyTorch
 reference, wrapper.
 
-At batch 1 each of these was its own ~1.5 us launch per layer (bench/journal run 20); one
-kernel over the fused qkv rows does both. A token's row of the qkv projection holds
-H + 2 * Hkv head vectors of D:
+At batch 1 these are small per-layer kernels whose time is mostly launch and ramp-up, so one
+kernel over the fused qkv rows does both (bench/journal/2026-12-01-batch1-decode-profile.md,
+runs 20-21). A token's row of the qkv projection holds H + 2 * Hkv head vectors of D:
 
     qkv[t]  =  q_0 .. q_{H-1} | k_0 .. k_{Hkv-1} | v_0 .. v_{Hkv-1}        ([T, H + 2 Hkv, D] view)
 

@@ -30,9 +30,9 @@ def dot_fp32(t: torch.Tensor) -> bool:
 def f16_dot(q: torch.Tensor, cache: torch.Tensor) -> bool:
     """A float8 cache with 16-bit q on a GPU: the attention dots run in fp16 (q cast once per
     tile, fp32 accumulation). e4m3 -> fp16 is one packed instruction per two values on Hopper,
-    e4m3 -> bf16 goes through fp32; in bf16 the fp8 decode attention ran slower than the bf16
-    cache's, for half the bytes (bench/journal run 29). fp16 holds every e4m3 value exactly
-    and q, p in [0, 1] with more mantissa than bf16."""
+    e4m3 -> bf16 goes through fp32; with bf16 dots the attention over a float8 cache is slower than
+    over a bf16 cache, for half the bytes (bench/journal/2026-12-01-fp8-regression-and-gemv-conversions.md,
+    run 29). fp16 holds every e4m3 value exactly and q, p in [0, 1] with more mantissa than bf16."""
     return (cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
             and not dot_fp32(q))
 
@@ -63,7 +63,7 @@ def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tens
 # kernel before it drains; its first act is to wait for that kernel's results (gdc_wait), and it
 # lets the next kernel launch (gdc_launch_dependents): one-wave kernels at once, the GEMV after its
 # loop. In a CUDA graph of many short kernels this hides part of each launch's ramp-up
-# (bench/journal runs 22-26: 0.44 us per small kernel, bf16 229 -> 265 tok/s with the rest).
+# (measured: bench/journal/2026-12-01-batch1-decode-profile.md, runs 22-26).
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     HAS_PDL = True

@@ -119,8 +119,8 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 # A chunk of at most this many tokens after earlier context (speculative verification, the tail
 # of a chunked prefill) attends like the decodes do: the query heads of a KV head are rows of one
-# attention over that head, no K/V copied per query head (16x faster than expanding for 5 tokens
-# of SmolLM2 over 650 of context)
+# attention over that head, no K/V copied per query head (expanding them is many times slower for a
+# few tokens over a long context: bench/journal/2026-12-01-speculative-decoding.md)
 SHORT_CHUNK = 64
 
 

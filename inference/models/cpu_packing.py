@@ -8,9 +8,9 @@ compare the same kernels as the reference.
 Row buckets: oneDNN builds (JIT-compiles) one primitive per distinct input shape and keeps it in
 its primitive cache (1024 entries by default). Each one of these bf16 matmul primitives holds
 ~565 KB here and costs 3-5 ms to create, and the CPU engine's row count changes every step (the
-step's token count, the number of rows that sample), so under steady traffic the cache grew by
-hundreds of MB (bench/cpu/soak.py: RSS +145 MB over 10 minutes, malloc'd bytes in use rising with
-the number of distinct step sizes; once full, the cache evicts and steps wait for recompiles).
+step's token count, the number of rows that sample), so under steady traffic the cache would grow
+by hundreds of MB, one primitive per distinct step size, and once full it evicts and steps wait for
+recompiles (found by bench/cpu/soak.py: bench/journal/2026-12-03-docs-history.md).
 Rows are padded up to a few sizes per octave instead, so at most 28 sizes up to 512 rows (the
 default token budget) ever exist per weight shape: ~80 MB for a model, reached early and then flat.
 A padded call costs one extra copy of its input (~10 us) and at most 25% more rows.

@@ -6,8 +6,8 @@ so a dense layer's two norms get weight 1 and the batch-1 decode path can apply 
 scalar per row in the GEMV that follows it (inference/kernels/gemv_fused.py, inference/models/fused_decode.py).
 Every other step runs the unit-weight norm and the same folded weights: the same function, one
 bf16 rounding of W * g instead of one of x * g. Only unquantized CUDA loads fold
-(inference/loader/model_loader.py `load_model`): codes taken of W * g lose quality (SmolLM2,
-bench/cpu/quality.py "+fold": int8 rtn +0.30% vs +0.20% Δppl, int4 rtn g128 +94.8% vs +34.3%), so
+(inference/loader/model_loader.py `load_model`): codes taken of W * g lose quality (SmolLM2 at int8
+and int4, bench/cpu/quality.py "+fold": bench/journal/2026-12-02-what-is-left.md), so
 quantized models keep their norms (and take the fused path only where those are 1 already, as in
 random-weight models).
 """

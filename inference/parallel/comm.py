@@ -61,7 +61,7 @@ def from_store(store, rank: int, world_size: int, device: torch.device, timeout_
     timeout = datetime.timedelta(seconds=timeout_s)
     prefixed = dist.PrefixStore(prefix, store)
     if device.type == "cuda":
-        # not run yet: the multi-GPU kinds were withheld when this was written (README).
+        # not yet run on multi-GPU hardware (docs/engine/tensor-parallelism.md).
         # NCCL binds its communicator to the current device on the first collective.
         torch.cuda.set_device(device)
         opts = dist.ProcessGroupNCCL.Options()

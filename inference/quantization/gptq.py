@@ -14,11 +14,11 @@ possible. The standard pieces:
 - `clip_search` (on by default): those parameters by the reference GPTQ quantizer's MSE grid
   (the shrink of the group's range with the least |w - q(w)|^2.4 error) rather than min / max.
 
-On SmolLM2-135M at group 128 (bench/cpu/quality.py, perplexity vs fp32): +25.0% with neither,
-+22.4% with the clip search, +11.5% with act-order too, +7.2% with AWQ's scales folded in
-first (QuantConfig.awq_scales). Quantizing a layer's linears one after another on the
-already-quantized ones' outputs ("true sequential" within a layer) measured no better (+12.4%
-vs +11.5%), so a layer's Hessians come from one pass; the next layer sees the quantized one.
+On SmolLM2-135M at group 128 the clip search, act-order and AWQ's scales folded in first
+(QuantConfig.awq_scales) each lower the perplexity loss (bench/cpu/quality.py; docs/benchmarks.md).
+Quantizing a layer's linears one after another on the already-quantized ones' outputs ("true
+sequential" within a layer) is no better there, so a layer's Hessians come from one pass; the next
+layer sees the quantized one.
 """
 from __future__ import annotations
 

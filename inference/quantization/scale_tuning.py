@@ -10,8 +10,8 @@ What they cannot see is how errors compound through the layers and what the LM h
 them: that is what this step trains against. The result is an ordinary checkpoint (fp16 scales,
 integer codes and zeros, the same format), so loaders and kernels see nothing new.
 
-On SmolLM2-135M, int4 AWQ + GPTQ act-order at group 128 (bench/cpu/quality.py): +7.2% perplexity
-before, +4.7% after one epoch over the 32 calibration windows.
+On SmolLM2-135M, one epoch of it is what brings int4 AWQ + GPTQ act-order at group 128 within the
+5% perplexity target (bench/cpu/quality.py; docs/benchmarks.md).
 """
 from __future__ import annotations
 

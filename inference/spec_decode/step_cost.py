@@ -1,7 +1,7 @@
 """What verifying drafts costs, measured while the engine runs: the wall time of decode steps
-with drafts against decode steps without (exponential moving averages). On the 2-core CPU a step
-with 1-8 drafts took 1.2-1.5x a plain one for SmolLM2, on the H200 1.31x for a 7B (bench/cpu/spec.py
---step-cost); drafts pay only when they add more tokens per step than that."""
+with drafts against decode steps without (exponential moving averages); drafts pay only when they
+add more tokens per step than that ratio. PRIOR_RATIO is near what bench/cpu/spec.py --step-cost
+measures for 1-8 drafts on the CPU and on the H200 (bench/journal/2026-12-01-speculative-decoding.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

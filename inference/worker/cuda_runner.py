@@ -82,7 +82,8 @@ class CudaModelRunner(ModelRunner):
                                        self.staging.ctx.device[:1], SPLIT_CHOICES[0])
         self.model.compute_logits(self.model(self.staging.ids.device[:1], self.staging.pos.device[:1], self.kv_caches, meta))
         # Without this, the first big steps after startup wait on cudaMalloc and pinned-memory
-        # allocations: in the serving bench the requests of the first second had TTFTs of 0.3-1.3 s.
+        # allocations, a cold start that lands in the first requests' TTFTs
+        # (bench/journal/2026-11-29-gpu-engine-runs-01-09.md, run 5).
         run_largest_step(self.loaded, self.sched_config, self.kv_caches, write_kv=False)
         torch.cuda.synchronize(dev)
 
@@ -295,7 +296,8 @@ class CudaModelRunner(ModelRunner):
         tables = np.zeros((len(chunks), self.max_blocks), dtype=np.int32)   # fixed row stride (see decode)
         starts, ctx_lens = self._chunk_layout(chunks, tables)
         # Pinned, non-blocking: a pageable copy would wait for the device to finish the step in
-        # flight (async scheduling) -- it cost 10 ms per prefill step on the H200.
+        # flight (async scheduling), stalling every prefill step's launch
+        # (bench/journal/2026-11-29-gpu-engine-runs-01-09.md, run 7).
         if dev.type == "cuda":
             meta.prefill_block_tables = torch.from_numpy(tables).pin_memory().to(dev, non_blocking=True)
         else:

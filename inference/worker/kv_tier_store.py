@@ -8,7 +8,7 @@ A slot holds one block of every layer, so a block moves host <-> disk with one r
 `apply` runs a step's transfers in their recorded order, before the step's forward:
 
 - CPU: numpy fancy-indexed copies over 8-byte words, one per layer and K / V (torch's indexed
-  copies cost ~0.1 ms each here, ~1.5 GB/s; numpy's 5-10x less).
+  copies are several times slower on the CPU: bench/journal/2026-12-01-tiered-kv-cache.md, T5).
 - CUDA: device <-> host copies run on a side stream through a device staging buffer laid out
   like the host slots: one Triton kernel gathers (or scatters) a batch's blocks of every layer's
   K and V through a table of the 2 * num_layers cache base pointers, then one copy-engine copy
@@ -333,7 +333,8 @@ _PLACES = {TransferOp.DEVICE_TO_HOST: ("device", "host"), TransferOp.HOST_TO_DEV
 def _batches(transfers: list[KVTransfer]) -> list[tuple[TransferOp, list[KVTransfer]]]:
     """The transfers as few same-op batches as their order allows. The block manager records an
     offload before each load that evicts a block (D2H, H2D, D2H, H2D, ...), and every batch costs
-    a staging round (index upload, kernel, copies): the H200 bench ran 4,931 batches of ~3 blocks.
+    a staging round (index upload, kernel, copies): in recorded order a round would move only a few
+    blocks (bench/journal/2026-12-01-tiered-kv-cache.md, T3).
     Each transfer joins the first batch of its op after the last batch holding a transfer it
     depends on (one that writes what it reads or writes, or reads what it writes); transfers it
     moves ahead of touch nothing it touches, so the result is the same as in recorded order."""
