@@ -8,6 +8,8 @@ key in X-Site-Key; browsers may only call from the tenant's allowed origins.
     POST /api/chat/sessions/<id>/handoff         -> {"status": "pending_human"}
 
 Only cleaned text (PII redacted, banned terms masked) is stored, logged or sent to the model.
+Bodies are parsed by their models (app/schemas.py); every error is {"error": message}
+(app/errors.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from flask import (
     stream_with_context,
 )
 
+from app.errors import PlainError, render, validate_body
 from app.schemas import (
     CHAT_STREAM,
     ChatReplyOut,
@@ -51,16 +54,7 @@ _SID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 MAX_HISTORY = 40                # most recent messages a turn reads (the prompt trims further)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.message, self.retry_after = status, message, retry_after
-
-
-@bp.errorhandler(ApiError)
-def _api_error(exc: ApiError):
-    return jsonify({"error": exc.message}), exc.status, ({"Retry-After": str(exc.retry_after)}
-                                                          if exc.retry_after else {})
+bp.register_error_handler(PlainError, render)
 
 
 def _ext() -> dict:
@@ -73,19 +67,19 @@ def _tenant_and_origin():
     registry = _ext()["tenants"]
     limit = current_app.config["CHAT_MAX_BODY_BYTES"]
     if (request.content_length or 0) > limit:
-        raise ApiError(413, f"request body larger than {limit} bytes")
+        raise PlainError(413, f"request body larger than {limit} bytes")
     if request.method == "OPTIONS":                  # CORS preflight: no site key is sent with it
         if origin and not registry.any_allows_origin(origin):
-            raise ApiError(403, f"origin {origin} is not allowed")
+            raise PlainError(403, f"origin {origin} is not allowed")
         return Response(status=204)
     key = request.headers.get("X-Site-Key", "")
     if not key:
-        raise ApiError(401, "missing X-Site-Key header")
+        raise PlainError(401, "missing X-Site-Key header")
     tenant = registry.by_site_key(key)
     if tenant is None:
-        raise ApiError(403, "invalid site key")
+        raise PlainError(403, "invalid site key")
     if origin and not tenant.allows_origin(origin):
-        raise ApiError(403, f"origin {origin} is not allowed for this site key")
+        raise PlainError(403, f"origin {origin} is not allowed for this site key")
     g.tenant = tenant
 
 
@@ -101,16 +95,9 @@ def _cors(resp: Response):
     return resp
 
 
-def _json_body() -> dict:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
-
-
 def _session(sid: str) -> str:
     if not _SID.match(sid) or not _ext()["store"].exists(g.tenant.tenant.tenant_id, sid):
-        raise ApiError(404, "unknown or expired session")
+        raise PlainError(404, "unknown or expired session")
     return sid
 
 
@@ -147,22 +134,11 @@ def post_message(sid: str):
     tid = g.tenant.tenant.tenant_id
     store, services = _ext()["store"], _ext()["services"]
     _session(sid)
-    body = _json_body()
-    content, stream = body.get("content"), body.get("stream", False)
-    limit = current_app.config["MAX_MESSAGE_CHARS"]
-    if not isinstance(content, str) or not content.strip():
-        raise ApiError(400, "content: must be a non-empty string")
-    if len(content) > limit:
-        raise ApiError(413, f"content: {len(content)} characters, at most {limit}")
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream: must be true or false")
-    try:
-        content.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, "content: contains an unpaired surrogate (\\ud800-\\udfff)") from None
+    body = validate_body(MessageIn, request.get_json(silent=True),
+                         context={"max_chars": current_app.config["MAX_MESSAGE_CHARS"]})
     slot = _TurnSlot(_ext()["turn_slots"])
     try:
-        resp = _turn(sid, tid, store, services, content, stream, slot)
+        resp = _turn(sid, tid, store, services, body.content, body.stream, slot)
     except BaseException:
         slot.release()
         raise
@@ -177,7 +153,7 @@ class _TurnSlot:
 
     def __init__(self, slots: threading.BoundedSemaphore):
         if not slots.acquire(blocking=False):
-            raise ApiError(503, "too many conversations in progress; retry after the Retry-After seconds",
+            raise PlainError(503, "too many conversations in progress; retry after the Retry-After seconds",
                            retry_after=2)
         self._slots, self._lock, self._held = slots, threading.Lock(), True
 
@@ -196,7 +172,7 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
         try:
             chat.check_fits(clean)
         except MessageTooLong as exc:
-            raise ApiError(413, str(exc)) from None
+            raise PlainError(413, str(exc)) from None
     history = store.messages(tid, sid)[-MAX_HISTORY:]
     asked_at = time.time()
     events = chat.respond(g.tenant.tenant, history, clean, blocked)
@@ -256,19 +232,11 @@ def feedback(sid: str):
     tid = g.tenant.tenant.tenant_id
     store = _ext()["store"]
     _session(sid)
-    body = _json_body()
-    index, rating, comment = body.get("message_index"), body.get("rating"), body.get("comment", "")
-    messages = store.messages(tid, sid)
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(messages) \
-            or messages[index]["role"] != "assistant":
-        raise ApiError(400, "message_index: must be the index of an assistant message in this session")
-    if rating not in ("up", "down"):
-        raise ApiError(400, "rating: must be 'up' or 'down'")
-    if not isinstance(comment, str) or len(comment) > 2000:
-        raise ApiError(400, "comment: must be a string of at most 2000 characters")
-    comment = _ext()["services"].banned.mask(redact_pii(comment)[0])[0]
-    store.add_feedback(tid, sid, {"message_index": index, "rating": rating, "comment": comment, "time": time.time()})
-    current_app.extensions["web_metrics"].feedback.labels(rating).inc()
+    body = validate_body(FeedbackIn, request.get_json(silent=True), context={"messages": store.messages(tid, sid)})
+    comment = _ext()["services"].banned.mask(redact_pii(body.comment)[0])[0]
+    store.add_feedback(tid, sid, {"message_index": body.message_index, "rating": body.rating, "comment": comment,
+                                  "time": time.time()})
+    current_app.extensions["web_metrics"].feedback.labels(body.rating).inc()
     return jsonify({"ok": True})
 
 

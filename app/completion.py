@@ -9,6 +9,10 @@ pipelines/completion.py.
 Requests carry `Authorization: Bearer <api key>`: a key whose SHA-256 a tenant lists in
 configs/tenants.yaml (`api_keys`; demo: demo-api-key), or one of COMPLETION_API_KEYS (env,
 for deployments that inject keys as secrets; hashed at start-up, never kept in the clear).
+
+Bodies are parsed by their models (the completion bodies: pipelines/completion_schemas.py; the
+rest: app/schemas.py); every error of these /v1 routes, and of the job and knowledge-base ones,
+is OpenAI's error body (httpkit/errors.py).
 """
 from __future__ import annotations
 
@@ -40,18 +44,13 @@ from app.schemas import (
     error_responses,
 )
 from app.tenants import hash_api_key
+from httpkit.errors import OpenAIError, validate_request
 from httpkit.openapi import documented
-from pipelines.completion import (
-    CompletionCache,
-    CompletionService,
-    parse_openai,
-    parse_tabby,
-    service_for,
-)
+from httpkit.validation import InvalidRequest
+from pipelines.completion import CompletionCache, CompletionService, parse_request, service_for
 from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
-EVENT_TYPES = ("view", "select", "dismiss")
 API_ERRORS = error_responses(ApiError, 400, 401, 413, 429, 503)   # every authenticated route
 
 
@@ -79,18 +78,16 @@ class CompletionStats:
         return {lang: self.events[(lang, "select")] / max(1, self.events[(lang, "view")]) for lang in langs}
 
 
-def _error(status: int, message: str):
-    kind = "invalid_request_error" if status < 500 else "service_unavailable"     # an outage is not the client's
-    return jsonify({"error": {"message": message, "type": kind}}), status
+def _openai_error(exc: OpenAIError):
+    """The handler of every /v1 blueprint (completion, jobs, knowledge base)."""
+    return jsonify(exc.body()), exc.status, exc.headers
+
+
+bp.register_error_handler(OpenAIError, _openai_error)
 
 
 def _ext() -> dict:
     return current_app.extensions["completion"]
-
-
-def _json_object() -> dict | None:
-    body = request.get_json(silent=True)
-    return body if isinstance(body, dict) else None
 
 
 def _model_name() -> str:
@@ -104,12 +101,12 @@ def _auth():
     header = request.headers.get("Authorization", "")
     token = header[7:] if header.startswith("Bearer ") else ""
     if not token:
-        return _error(401, "missing Authorization: Bearer <api key>")
+        raise OpenAIError(401, "missing Authorization: Bearer <api key>")
     tenant = current_app.extensions["support_chat"]["tenants"].by_api_key(token)
     digest = hash_api_key(token).encode()
     env_ok = any(hmac.compare_digest(digest, h.encode()) for h in current_app.config["COMPLETION_API_KEY_HASHES"])
     if tenant is None and not env_ok:
-        return _error(401, "invalid API key")
+        raise OpenAIError(401, "invalid API key")
     g.api_tenant = tenant.tenant.tenant_id if tenant is not None else "default"
     return None
 
@@ -130,14 +127,10 @@ def _service() -> CompletionService:
 def completions():
     """Complete the code at the cursor (an empty completion, fast, when inference is down)."""
     t0 = time.perf_counter()
-    body = _json_object()
-    if body is None:
-        return _error(400, "request body must be a JSON object")
-    tabby = "segments" in body
     try:
-        req = parse_tabby(body) if tabby else parse_openai(body)
-    except ValueError as exc:
-        return _error(400, str(exc))
+        req, tabby = parse_request(request.get_json(silent=True))
+    except InvalidRequest as exc:
+        raise OpenAIError.invalid(exc) from None
     try:
         result = _service().complete(req)
     except InferenceError as exc:
@@ -194,23 +187,15 @@ def _respond(req, tabby: bool, completion_id: str, texts: list[str], usage: tupl
 @documented(body=EventIn, responses={200: Empty, **API_ERRORS}, tags=("completion",))
 def events():
     """Report what the editor did with a completion (shown, accepted, dismissed)."""
-    body = _json_object()
-    if body is None:
-        return _error(400, "request body must be a JSON object")
-    kind, cid = body.get("type"), body.get("completion_id")
-    if kind not in EVENT_TYPES:
-        return _error(400, f"type: must be one of {list(EVENT_TYPES)}")
-    if not isinstance(cid, str) or not cid:
-        return _error(400, "completion_id: required, a string")
-    if body.get("select_kind") not in (None, "line"):
-        return _error(400, "select_kind: must be 'line' when given")
+    event = validate_request(EventIn, request.get_json(silent=True))
+    line = event.select_kind == "line"
     stats: CompletionStats = _ext()["stats"]
     with stats.lock:
-        language = stats.languages.get(cid, "unknown")
-        stats.events[(language, kind)] += 1
-        if kind == "select" and body.get("select_kind") == "line":
+        language = stats.languages.get(event.completion_id, "unknown")
+        stats.events[(language, event.type)] += 1
+        if event.type == "select" and line:
             stats.events[(language, "select_line")] += 1
-    _ext()["metrics"].events.labels(language, "select_line" if body.get("select_kind") == "line" else kind).inc()
+    _ext()["metrics"].events.labels(language, "select_line" if line else event.type).inc()
     return jsonify({})
 
 
@@ -234,20 +219,14 @@ def health():
 @documented(body=RepositoryIn, responses={202: RepositoryQueued, 403: ApiError, **API_ERRORS}, tags=("completion",))
 def index_repository():
     """Start indexing a repository folder (a Celery job): {"name", "path"} -> 202 {"job_id"}."""
-    body = _json_object()
-    if body is None:
-        return _error(400, "request body must be a JSON object")
-    name, path = body.get("name"), body.get("path")
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        return _error(400, "name: required, a string (the repository's name or git_url)")
-    if not isinstance(path, str) or not path or "\x00" in path:
-        return _error(400, "path: required, a folder on the server (no NUL characters)")
+    body = validate_request(RepositoryIn, request.get_json(silent=True))
+    name, path = body.name, body.path
     real = Path(path).resolve()
     roots = [Path(r).resolve() for r in current_app.config["COMPLETION_REPO_ROOTS"]]
     if not any(real == r or r in real.parents for r in roots):
-        return _error(403, "path: not under an allowed repository root (COMPLETION_REPO_ROOTS)")
+        raise OpenAIError(403, "path: not under an allowed repository root (COMPLETION_REPO_ROOTS)", "path")
     if not real.is_dir():
-        return _error(400, f"path: {path} is not a directory")
+        raise OpenAIError(400, f"path: {path} is not a directory", "path")
     from app.tasks import BrokerUnavailable, start
     from app.tasks import index_repository as task
     job_id = uuid.uuid4().hex
@@ -266,7 +245,7 @@ def repository_job(job_id: str):
     """The state of a repository indexing job."""
     job = _ext()["jobs"].get(job_id) if len(job_id) <= 64 else None
     if job is None:
-        return _error(404, "unknown job")
+        raise OpenAIError(404, "unknown job")
     return jsonify(job)
 
 

@@ -14,12 +14,14 @@ import uuid
 
 from flask import Blueprint, current_app, jsonify
 
-from app.completion import API_ERRORS, _auth, _error
+from app.completion import API_ERRORS, _auth, _openai_error
 from app.schemas import ApiError, JobPath, KbJob, RepositoryQueued
+from httpkit.errors import OpenAIError
 from httpkit.openapi import documented
 
 bp = Blueprint("kb", __name__, url_prefix="/v1/kb")
 bp.before_request(_auth)
+bp.register_error_handler(OpenAIError, _openai_error)
 _ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -44,5 +46,5 @@ def job(job_id: str):
     """The state of a re-index job."""
     found = current_app.extensions["completion"]["jobs"].get(job_id) if _ID.match(job_id) else None
     if found is None or found.get("kind") != "kb":
-        return _error(404, "unknown job")
+        raise OpenAIError(404, "unknown job")
     return jsonify(found)

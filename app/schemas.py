@@ -1,23 +1,39 @@
 """Request and response models of the web app's three APIs (support chat, code completion, batch
-jobs). /openapi.json is generated from them (httpkit/openapi.py); the views validate with the
-precise per-field messages users see, and the schemathesis test (tests/app/test_openapi.py) holds
-the two together: what these models call valid is accepted, what they call invalid gets a 4xx.
+jobs). The views parse request bodies with them (`validate_body` in app/errors.py for /api,
+`validate_request` in httpkit/errors.py for /v1) and /openapi.json is generated from them
+(httpkit/openapi.py), so what the document says is what the app enforces; the `Errors` markers
+keep the per-field messages users see (httpkit/validation.py). The schemathesis test
+(tests/app/test_openapi.py) holds the app to it: what these models call valid is accepted, what
+they call invalid gets a 4xx. The completion bodies belong to the pipeline
+(pipelines/completion_schemas.py).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator
+from pydantic_core import PydanticCustomError
 
 from httpkit.openapi import Body, Stream
+from httpkit.validation import Errors, InvalidRequest
+from pipelines.completion_schemas import OpenAICompletionIn, TabbyCompletionIn
 
 SESSION_ID = r"^[A-Za-z0-9_-]{16,64}$"
 JOB_ID = r"^[0-9a-f]{32}$"
-MAX_SEGMENT_CHARS = 200_000          # pipelines/completion.py cuts longer segments, it does not refuse them
+MAX_MESSAGE_CHARS = 4000            # the default of the app's MAX_MESSAGE_CHARS (passed as context "max_chars")
+MAX_ITEMS = 1000                    # requests per batch job
+MAX_PROMPT_CHARS = 16000            # per batch item, prompt or messages in all
 JSONL = Body("application/x-ndjson", description="one JSON object per line")
 METRICS = Body("text/plain", description="Prometheus text exposition format")
-CompletionSeed = Annotated[int, Field(ge=0, le=2**63 - 5)]       # pipelines/completion.py MAX_SEED
-JobSeed = Annotated[int, Field(ge=0, le=2**63 - 2)]              # app/jobs.py MAX_SEED
+JobSeed = Annotated[int, Field(ge=0, le=2**63 - 2)]             # SamplingParams: seed + n - 1 < 2**63; items sample once
+BODY = "request body must be a JSON object"
+
+
+class _In(BaseModel):
+    """A request body: strict JSON types; unknown fields ignored."""
+    model_config = ConfigDict(extra="allow", strict=True)
+    error_messages: ClassVar[Errors] = Errors(body=BODY)
 
 
 class Error(BaseModel):
@@ -28,10 +44,12 @@ class Error(BaseModel):
 class ApiErrorDetail(BaseModel):
     message: str
     type: str
+    param: str | None = Field(None, description="the request field at fault, when one is")
+    code: str | None = None
 
 
 class ApiError(BaseModel):
-    """The completion and job APIs' error body (OpenAI's shape)."""
+    """The completion, job and knowledge-base APIs' error body (OpenAI's shape, httpkit/errors.py)."""
     error: ApiErrorDetail
 
 
@@ -78,11 +96,22 @@ class SessionView(BaseModel):
     status: str = Field(description="open, or pending_human after a handoff")
 
 
-class MessageIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    content: Annotated[str, Field(min_length=1, max_length=4000, pattern=r"\S",
-                                  description="the customer's message (PII is redacted before it is stored)")]
-    stream: bool = Field(False, description="true: server-sent events (token ..., then done)")
+class MessageIn(_In):
+    content: Annotated[str, Field(min_length=1, pattern=r"\S", json_schema_extra={"maxLength": MAX_MESSAGE_CHARS},
+                                  description="the customer's message (PII is redacted before it is stored)"),
+                       Errors("content: must be a non-empty string")]
+    stream: Annotated[bool, Field(description="true: server-sent events (token ..., then done)"),
+                      Errors("stream: must be true or false")] = False
+
+    @field_validator("content")
+    @classmethod
+    def _fits(cls, content: str, info) -> str:
+        if not content.strip():
+            raise InvalidRequest("content: must be a non-empty string")
+        limit = (info.context or {}).get("max_chars", MAX_MESSAGE_CHARS)
+        if len(content) > limit:
+            raise InvalidRequest(f"content: {len(content)} characters, at most {limit}", status=413)
+        return content
 
 
 class ChatReplyOut(BaseModel):
@@ -106,11 +135,19 @@ class StreamError(BaseModel):
 CHAT_STREAM = Stream({"token": TokenEvent, "done": ChatReplyOut, "error": StreamError})
 
 
-class FeedbackIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    message_index: Annotated[int, Field(ge=0, description="index of an assistant message in this session")]
-    rating: Literal["up", "down"]
-    comment: Annotated[str, Field(max_length=2000)] = ""
+class FeedbackIn(_In):
+    message_index: Annotated[int, Field(ge=0, description="index of an assistant message in this session"),
+                             Errors("message_index: must be the index of an assistant message in this session")]
+    rating: Annotated[Literal["up", "down"], Errors("rating: must be 'up' or 'down'")]
+    comment: Annotated[str, Field(max_length=2000), Errors("comment: must be a string of at most 2000 characters")] = ""
+
+    @field_validator("message_index")
+    @classmethod
+    def _an_assistant_message(cls, index: int, info) -> int:
+        messages = (info.context or {}).get("messages")          # the session's, from the view
+        if messages is not None and (index >= len(messages) or messages[index]["role"] != "assistant"):
+            raise InvalidRequest("message_index: must be the index of an assistant message in this session")
+        return index
 
 
 class Ok(BaseModel):
@@ -118,51 +155,6 @@ class Ok(BaseModel):
 
 
 # ---- code completion (Tabby's and OpenAI's dialects) --------------------------------------------
-class Snippet(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    filepath: str | None = None
-    body: str
-
-
-class Segments(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    prefix: str
-    suffix: str | None = None
-    filepath: str | None = None
-    git_url: str | None = None
-    declarations: list[Snippet] | None = None
-    relevant_snippets_from_changed_files: list[Snippet] | None = None
-    relevant_snippets_from_recently_opened_files: list[Snippet] | None = None
-    clipboard: str | None = None
-
-
-class TabbyCompletionIn(BaseModel):
-    model_config = ConfigDict(extra="allow", title="TabbyCompletionIn")
-    language: str | None = None
-    segments: Segments
-    user: str | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    seed: CompletionSeed | None = None
-
-
-class OpenAICompletionIn(BaseModel):
-    """OpenAI's legacy completions body: prompt = the text before the cursor (one prompt)."""
-    model_config = ConfigDict(extra="allow", json_schema_extra={"not": {"required": ["segments"]}})
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
-    suffix: str | None = None
-    language: str | None = None
-    filepath: str | None = None
-    repository: str | None = None
-    user: str | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=1e-6, le=1)] | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=512)] | None = None
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = None
-    n: Annotated[int, Field(ge=1, le=4)] | None = None
-    seed: CompletionSeed | None = None
-    stream: bool = False
-
-
 class CompletionIn(RootModel[TabbyCompletionIn | OpenAICompletionIn]):
     """Tabby's body (has `segments`) or OpenAI's legacy body (has `prompt`)."""
 
@@ -206,11 +198,10 @@ class CompletionOut(RootModel[TabbyCompletionOut | OpenAICompletionOut]):
 COMPLETION_STREAM = Stream({None: OpenAICompletionOut}, sentinel="[DONE]")
 
 
-class EventIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["view", "select", "dismiss"]
-    completion_id: Annotated[str, Field(min_length=1)]
-    select_kind: Literal["line"] | None = None
+class EventIn(_In):
+    type: Annotated[Literal["view", "select", "dismiss"], Errors("type: must be one of ['view', 'select', 'dismiss']")]
+    completion_id: Annotated[str, Field(min_length=1), Errors("completion_id: required, a string")]
+    select_kind: Annotated[Literal["line"] | None, Errors("select_kind: must be 'line' when given")] = None
 
 
 class Empty(BaseModel):
@@ -228,12 +219,19 @@ class HealthOut(BaseModel):
     version: dict[str, str]
 
 
-class RepositoryIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S",
-                               description="the repository's name or git_url")]
+class RepositoryIn(_In):
+    name: Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S", description="the repository's name or git_url"),
+                    Errors("name: required, a string (the repository's name or git_url)")]
     path: Annotated[str, Field(min_length=1, pattern=r"^[^\x00]+$",
-                               description="a folder on the server under COMPLETION_REPO_ROOTS")]
+                               description="a folder on the server under COMPLETION_REPO_ROOTS"),
+                    Errors("path: required, a folder on the server (no NUL characters)")]
+
+    @field_validator("name")
+    @classmethod
+    def _not_blank(cls, name: str) -> str:
+        if not name.strip():                   # Python's whitespace, wider than the pattern's
+            raise InvalidRequest("name: required, a string (the repository's name or git_url)")
+        return name
 
 
 class JobPath(BaseModel):
@@ -264,37 +262,75 @@ class KbJob(BaseModel):
 
 
 # ---- batch jobs -------------------------------------------------------------------------------
-class ChatTurn(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def _unknown_fields(v: Mapping[str, Any]) -> str:
+    return f"{v['at']}: unknown fields {v['unknown']}"
+
+
+class ChatTurn(_In):
     role: Literal["system", "user", "assistant"]
     content: str
 
 
-class _Sampling(BaseModel):
+class _Sampling(_In):
     model_config = ConfigDict(extra="forbid")
+    error_messages: ClassVar[Errors] = Errors("{at}: out of range or of the wrong type", object="{at}: must be an object",
+                                              extra_forbidden=_unknown_fields)
     max_tokens: Annotated[int, Field(ge=1, le=1024)] = 128
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    stop: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = None
-    seed: JobSeed | None = None
+    stop: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] = None     # (null: refused)
+    seed: JobSeed = None
 
 
 class PromptItem(_Sampling):
-    prompt: Annotated[str, Field(min_length=1, max_length=16000)]
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS),
+                      Errors(f"{{at}}: a non-empty string of at most {MAX_PROMPT_CHARS} characters")]
 
 
 class ChatItem(_Sampling):
-    messages: Annotated[list[ChatTurn], Field(min_length=1, description="at most 16000 characters in all")]
+    messages: Annotated[list[ChatTurn], Field(min_length=1, description=f"at most {MAX_PROMPT_CHARS} characters in all"),
+                        Errors("{at}: a non-empty list of {{role: system|user|assistant, content: str}}",
+                               too_many_chars=f"{{at}}: more than {MAX_PROMPT_CHARS} characters in all")]
+
+    @field_validator("messages")
+    @classmethod
+    def _fits(cls, messages: list[ChatTurn]) -> list[ChatTurn]:
+        if sum(len(m.content) for m in messages) > MAX_PROMPT_CHARS:
+            raise PydanticCustomError("too_many_chars", "too many characters in all")
+        return messages
 
 
-class BatchIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    requests: Annotated[list[PromptItem | ChatItem], Field(min_length=1, max_length=1000)]
+def _item_kind(item: Any) -> str | None:
+    """Which model an item is: by its prompt or messages (neither, but unknown fields: PromptItem,
+    which names them; both or neither: None, the "exactly one" error)."""
+    if not isinstance(item, dict):
+        return "PromptItem"                   # which then says it must be an object
+    prompt, messages = "prompt" in item, "messages" in item
+    if prompt != messages:
+        return "PromptItem" if prompt else "ChatItem"
+    return "PromptItem" if not prompt and set(item) - set(ChatItem.model_fields) else None
 
 
-class IdempotencyHeader(BaseModel):
-    idempotency_key: str = Field(None, min_length=1, max_length=200, alias="Idempotency-Key",
-                                 description="the same key again returns the first job (200)")
+BatchItem = Annotated[Union[Annotated[PromptItem, Tag("PromptItem")], Annotated[ChatItem, Tag("ChatItem")]],
+                      Discriminator(_item_kind, custom_error_type="one_of_prompt_or_messages",
+                                    custom_error_message="give exactly one of prompt or messages")]
+REQUESTS = 'body: {"requests": [...]} as JSON, or JSONL with Content-Type application/x-ndjson'.replace("{", "{{") \
+    .replace("}", "}}")                          # (a template: its braces doubled)
+
+
+class BatchIn(_In):
+    error_messages: ClassVar[Errors] = Errors(body=REQUESTS)
+    requests: Annotated[list[BatchItem], Field(min_length=1, max_length=MAX_ITEMS),
+                        Errors(list_type=REQUESTS, missing=REQUESTS,
+                               too_short=f"requests: 1 to {MAX_ITEMS} items, got {{actual_length}}",
+                               too_long=f"requests: 1 to {MAX_ITEMS} items, got {{actual_length}}",
+                               one_of_prompt_or_messages="{item}: give exactly one of prompt or messages")]
+
+
+class IdempotencyHeader(_In):
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=200, alias="Idempotency-Key",
+                                                 description="the same key again returns the first job (200)"),
+                               Errors("Idempotency-Key: 1 to 200 characters")] = None
 
 
 class JobView(BaseModel):

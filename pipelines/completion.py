@@ -7,6 +7,10 @@ within token budgets, FIM prompt templates, stop rules, trimming, cancellation a
 
 A newer request from the same user for the same file cancels the older one: the older one's
 engine request is aborted (its KV blocks freed at once) and it returns "" at once.
+
+The request bodies are pydantic models (pipelines/completion_schemas.py, also in the web app's
+/openapi.json); `parse_tabby` / `parse_openai` validate with them and raise InvalidRequest (a
+ValueError naming the field) for a bad one.
 """
 from __future__ import annotations
 
@@ -17,17 +21,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from httpkit.validation import InvalidRequest, validate
 from pipelines.code_index import DEFAULT_CACHE as DEFAULT_INDEX_DIR
 from pipelines.code_index import CodeIndex, safe_name
 from pipelines.completion_cache import CompletionCache
+from pipelines.completion_schemas import MAX_SEED, MAX_SEGMENT_CHARS, OpenAICompletionIn, TabbyCompletionIn
 from pipelines.inference_client import InferenceClient, InferenceError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-MAX_SEED = 2**63 - 1 - 4              # SamplingParams seeds sample i with seed + i, and n <= 4 here
-MAX_SEGMENT_CHARS = 200_000          # longer segments are cut before tokenising (then to the budget)
 FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend
 
 
@@ -56,87 +61,41 @@ class CompletionRequest:
 
 
 # ---- request shapes ------------------------------------------------------------------------------
-def _str(body: dict, key: str, default: str | None = None, where: str = "") -> str | None:
-    value = body.get(key, default)
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{where}{key}: must be a string, got {type(value).__name__}")
-    return value
-
-
-def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool = False):
-    value = body.get(key, default)
-    if value is None:
-        return default
-    ok_type = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, ok_type):
-        raise ValueError(f"{key}: must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{key}: must be in [{lo}, {hi}], got {value!r}")
-    return value
-
-
-def _snippets(segments: dict, key: str) -> list[Snippet]:
-    items = segments.get(key)
-    if items is None:
-        return []
-    if not isinstance(items, list):                      # "" or 0 too: not a missing list
-        raise ValueError(f"segments.{key}: must be a list of {{filepath, body}}, got {items!r}")
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("body"), str):
-            raise ValueError(f"segments.{key}[{i}]: must be an object with a string body")
-        path = item.get("filepath")
-        if path is not None and not isinstance(path, str):
-            raise ValueError(f"segments.{key}[{i}].filepath: must be a string")
-        out.append(Snippet(path or "snippet", item["body"][:MAX_SEGMENT_CHARS]))
-    return out
-
-
-def parse_tabby(body: dict) -> CompletionRequest:
-    """Tabby's /v1/completions body."""
-    segments = body.get("segments")
-    if not isinstance(segments, dict):
-        raise ValueError("segments: required, an object with at least a prefix")
-    prefix = _str(segments, "prefix", where="segments.")
-    if prefix is None:
-        raise ValueError("segments.prefix: required")
-    snippets = (_snippets(segments, "declarations") + _snippets(segments, "relevant_snippets_from_changed_files")
-                + _snippets(segments, "relevant_snippets_from_recently_opened_files"))
-    clipboard = _str(segments, "clipboard", where="segments.")
-    if clipboard:
-        snippets.append(Snippet("clipboard", clipboard[:MAX_SEGMENT_CHARS]))
+def parse_tabby(body: Any) -> CompletionRequest:
+    """Tabby's /v1/completions body; InvalidRequest (a ValueError) names what is wrong."""
+    req = validate(TabbyCompletionIn, body)
+    seg = req.segments
+    snippets = [Snippet(s.filepath or "snippet", s.body[:MAX_SEGMENT_CHARS])
+                for items in (seg.declarations, seg.relevant_snippets_from_changed_files,
+                              seg.relevant_snippets_from_recently_opened_files) for s in items or ()]
+    if seg.clipboard:
+        snippets.append(Snippet("clipboard", seg.clipboard[:MAX_SEGMENT_CHARS]))
     return CompletionRequest(
-        prefix=prefix[-MAX_SEGMENT_CHARS:], suffix=(_str(segments, "suffix", "", "segments.") or "")[:MAX_SEGMENT_CHARS],
-        language=(_str(body, "language", "generic") or "generic").lower(), filepath=_str(segments, "filepath"),
-        user=_str(body, "user"), snippets=snippets, repository=_str(segments, "git_url", where="segments."),
-        temperature=_number(body, "temperature", 0.2, 0.0, 2.0), seed=_number(body, "seed", None, 0, MAX_SEED, True))
+        prefix=seg.prefix[-MAX_SEGMENT_CHARS:], suffix=(seg.suffix or "")[:MAX_SEGMENT_CHARS],
+        language=(req.language or "generic").lower(), filepath=seg.filepath, user=req.user, snippets=snippets,
+        repository=seg.git_url, temperature=_given(req.temperature, 0.2), seed=req.seed)
 
 
-def parse_openai(body: dict) -> CompletionRequest:
+def parse_openai(body: Any) -> CompletionRequest:
     """OpenAI's legacy /v1/completions body (prompt = the text before the cursor)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ValueError("prompt: required, a string (one prompt per request)")
-    stop = body.get("stop")
-    if stop is None or stop == "":                 # (0 or false are not "no stop": they are refused)
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise ValueError("stop: must be a non-empty string or a list of at most 4 non-empty strings")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ValueError("stream: must be true or false")
+    req = validate(OpenAICompletionIn, body)
+    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+    stop = [req.stop] if isinstance(req.stop, str) and req.stop else list(req.stop or [])
     return CompletionRequest(
-        prefix=prompt[-MAX_SEGMENT_CHARS:], suffix=(_str(body, "suffix", "") or "")[:MAX_SEGMENT_CHARS],
-        language=(_str(body, "language", "generic") or "generic").lower(), user=_str(body, "user"),
-        filepath=_str(body, "filepath"),
-        temperature=_number(body, "temperature", 0.2, 0.0, 2.0), top_p=_number(body, "top_p", 0.95, 1e-6, 1.0),
-        max_tokens=_number(body, "max_tokens", 128, 1, 512, True), stop=stop,
-        n=_number(body, "n", 1, 1, 4, True), seed=_number(body, "seed", None, 0, MAX_SEED, True), stream=stream,
-        repository=_str(body, "repository"))
+        prefix=prompt[-MAX_SEGMENT_CHARS:], suffix=(req.suffix or "")[:MAX_SEGMENT_CHARS],
+        language=(req.language or "generic").lower(), user=req.user, filepath=req.filepath,
+        temperature=_given(req.temperature, 0.2), top_p=_given(req.top_p, 0.95), max_tokens=_given(req.max_tokens, 128),
+        stop=stop, n=_given(req.n, 1), seed=req.seed, stream=req.stream, repository=req.repository)
+
+
+def parse_request(body: Any) -> tuple[CompletionRequest, bool]:
+    """Either dialect: (the request, whether it is Tabby's, which has `segments`)."""
+    tabby = isinstance(body, dict) and "segments" in body
+    return (parse_tabby(body) if tabby else parse_openai(body)), tabby
+
+
+def _given(value, default):
+    return default if value is None else value
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -388,5 +347,5 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
     return service
 
 
-__all__ = ["CompletionRequest", "CompletionResult", "CompletionService", "InferenceError", "parse_openai",
-           "parse_tabby", "service_for"]
+__all__ = ["MAX_SEED", "CompletionRequest", "CompletionResult", "CompletionService", "InferenceError",
+           "InvalidRequest", "parse_openai", "parse_request", "parse_tabby", "service_for"]

@@ -5,7 +5,8 @@
 
 The engine loads in a background thread so /health answers at once and /ready turns 200 when the
 model is loaded and the engine loop is alive. Every client mistake is a 4xx with OpenAI's error
-body; a client that disconnects mid-stream has its request aborted before the next engine step.
+body (httpkit/errors.py), worded by the request models (inference/server/schemas.py); a client
+that disconnects mid-stream has its request aborted before the next engine step.
 """
 from __future__ import annotations
 
@@ -19,16 +20,11 @@ from dataclasses import dataclass
 from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from inference.core.engine import check_messages
-from inference.online_engine import OnlineEngine
-from inference.server.protocol import (
-    APIError,
-    ParsedRequest,
-    parse_chat,
-    parse_completion,
-)
-from inference.server.generation import ClientDisconnected, collect, sse, tokenize_job
+from httpkit.errors import OpenAIError, openai_error_body, validate_request
 from httpkit.openapi import build_spec, documented
+from inference.online_engine import OnlineEngine
+from inference.server.generation import ClientDisconnected, collect, sse, tokenize_job
+from inference.server.protocol import ParsedRequest, parse_chat, parse_completion
 from inference.server.schemas import (
     CHAT_STREAM,
     COMPLETION_STREAM,
@@ -86,12 +82,12 @@ class EngineHolder:
 
     def get(self) -> OnlineEngine:
         if self.error is not None:
-            raise APIError(503, f"model failed to load: {self.error}", type_="server_error", code="model_load_failed")
+            raise OpenAIError(503, f"model failed to load: {self.error}", type_="server_error", code="model_load_failed")
         if self.engine is None:
-            raise APIError(503, "model is loading", type_="server_error", code="model_loading",
+            raise OpenAIError(503, "model is loading", type_="server_error", code="model_loading",
                            headers={"Retry-After": "5"})
         if not self.engine.is_alive():
-            raise APIError(503, "engine loop is not running", type_="server_error", code="engine_dead")
+            raise OpenAIError(503, "engine loop is not running", type_="server_error", code="engine_dead")
         return self.engine
 
 
@@ -122,21 +118,19 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
                           default_security={"/v1/": ("bearer",), "/tokenize": ("bearer",)} if config.api_keys else None)
         return _json(spec)
 
-    @app.errorhandler(APIError)
-    def _api_error(exc: APIError):
+    @app.errorhandler(OpenAIError)
+    def _api_error(exc: OpenAIError):
         return _json(exc.body(), exc.status, exc.headers)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
-        kind = "invalid_request_error" if (exc.code or 500) < 500 else "server_error"
-        return _json({"error": {"message": exc.description, "type": kind, "param": None,
-                                "code": exc.name.lower().replace(" ", "_")}}, exc.code or 500)
+        error = OpenAIError(exc.code or 500, exc.description, code=exc.name.lower().replace(" ", "_"))
+        return _json(error.body(), error.status)
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
         log.exception("unhandled error")
-        return _json({"error": {"message": "internal error", "type": "server_error", "param": None,
-                                "code": None}}, 500)
+        return _json(openai_error_body("internal error", "server_error"), 500)
 
     return app
 
@@ -164,7 +158,7 @@ def _authenticate() -> None:
     header = request.headers.get("Authorization", "")
     token = header[7:] if header.startswith("Bearer ") else ""
     if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
-        raise APIError(401, "Incorrect API key provided" if token else "Missing bearer API key",
+        raise OpenAIError(401, "Incorrect API key provided" if token else "Missing bearer API key",
                        code="invalid_api_key")
 
 
@@ -207,17 +201,8 @@ def models():
 @documented(body=EmbeddingRequest, responses={200: EmbeddingResponse, **_ERRORS})
 def embeddings():
     """OpenAI's embeddings API over the sentence embedder (all-MiniLM-L6-v2), loaded on first use."""
-    from inference.embeddings import EMBEDDING_MODEL, check_inputs
-    body = _body()
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
-    if body.get("model") not in (None, EMBEDDING_MODEL):
-        raise APIError(404, f"model {body.get('model')!r} does not exist; embeddings come from {EMBEDDING_MODEL!r}",
-                       param="model", code="model_not_found")
-    try:
-        texts = check_inputs(body.get("input"))
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="input") from None
+    from inference.embeddings import EMBEDDING_MODEL
+    texts = validate_request(EmbeddingRequest, _body()).texts
     embedder = _embedder()
     vecs = embedder.embed(texts)
     num_tokens = sum(embedder.count_tokens(t) for t in texts)
@@ -231,18 +216,14 @@ def embeddings():
 def tokenize():
     """vLLM's /tokenize: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}."""
     body, engine = _body(), _ctx()["holder"].get()
-    if not isinstance(body, dict) or not (isinstance(body.get("prompt"), str) or "messages" in body):
-        raise APIError(400, "tokenize: send {'prompt': str} or {'messages': [...]}")
-    if body.get("prompt") is not None and not isinstance(body["prompt"], str):
-        raise APIError(400, "'prompt' must be a string", "prompt")
+    req = validate_request(TokenizeRequest, body)
     try:
-        if "messages" in body:
-            check_messages(body["messages"])
+        if "messages" in req.model_fields_set:
             ids = engine.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
         else:
-            ids = engine.tokenizer.encode(body["prompt"])
+            ids = engine.tokenizer.encode(req.prompt)
     except ValueError as exc:
-        raise APIError(400, str(exc)) from None
+        raise OpenAIError(400, str(exc)) from None
     return _json({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
 
 
@@ -276,27 +257,27 @@ def _body():
         # "\ud800" is valid JSON but no text: it would fail later, in the tokenizer or the response
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeDecodeError:
-        raise APIError(400, "request body is not valid UTF-8") from None
+        raise OpenAIError(400, "request body is not valid UTF-8") from None
     except UnicodeEncodeError:
-        raise APIError(400, "request body contains an unpaired surrogate (\\ud800-\\udfff)") from None
+        raise OpenAIError(400, "request body contains an unpaired surrogate (\\ud800-\\udfff)") from None
     except json.JSONDecodeError as exc:
-        raise APIError(400, f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise OpenAIError(400, f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except (ValueError, RecursionError) as exc:     # a 5000-digit integer, nesting deeper than ~1000
-        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+        raise OpenAIError(400, f"request body is not valid JSON: {exc}") from None
     return body
 
 
 def _serve(parsed: ParsedRequest) -> Response:
     cfg, engine = _ctx()["config"], _ctx()["holder"].get()
     if parsed.model != cfg.served_model_name:
-        raise APIError(404, f"The model '{parsed.model}' does not exist", "model", code="model_not_found")
+        raise OpenAIError(404, f"The model '{parsed.model}' does not exist", "model", code="model_not_found")
     job = tokenize_job(parsed, engine)
     job.client_gone = request.environ.get("waitress.client_disconnected", lambda: False)
     with _ctx()["admission"]:                  # count and admit atomically
         stats = engine.stats()
         waiting = engine.num_unfinished - (stats.scheduler.num_running if stats else 0)
         if waiting >= cfg.max_queue_len:
-            raise APIError(429, f"server busy: {waiting} requests waiting", type_="rate_limit_error",
+            raise OpenAIError(429, f"server busy: {waiting} requests waiting", type_="rate_limit_error",
                            code="queue_full", headers={"Retry-After": "1"})
         try:
             for i, ids in enumerate(job.prompt_ids):
@@ -305,14 +286,13 @@ def _serve(parsed: ParsedRequest) -> Response:
                                                       priority=parsed.priority))
         except ValueError as exc:
             job.abort_unfinished()
-            raise APIError(400, str(exc), str(exc).split(":", 1)[0]) from None
+            raise OpenAIError(400, str(exc), str(exc).split(":", 1)[0]) from None
     if parsed.stream:
         return Response(sse(job), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         return _json(collect(job))
     except ClientDisconnected:                 # nobody is listening; nginx's code for this case
-        return _json({"error": {"message": "client closed request", "type": "invalid_request_error",
-                                "param": None, "code": "client_closed_request"}}, 499)
+        return _json(OpenAIError(499, "client closed request", code="client_closed_request").body(), 499)
     finally:
         job.abort_unfinished()

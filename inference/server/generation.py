@@ -10,15 +10,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from httpkit.errors import OpenAIError
 from inference.online_engine import OnlineEngine, RequestStream
-from inference.server.protocol import (
-    APIError,
-    ParsedRequest,
-    chat_logprobs,
-    completion_logprobs,
-    usage,
-)
 from inference.outputs import StreamDelta
+from inference.server.protocol import ParsedRequest, chat_logprobs, completion_logprobs, usage
 
 POLL_S = 0.2            # how often a waiting handler checks whether its client is still there
 
@@ -53,14 +48,14 @@ def tokenize_job(parsed: ParsedRequest, engine: OnlineEngine) -> _Job:
         else:
             ids, text = p["prompt_token_ids"], None
             if any(not 0 <= t < engine.engine.arch.vocab_size for t in ids):
-                raise APIError(400, f"'prompt' token ids must be in [0, {engine.engine.arch.vocab_size})", "prompt")
+                raise OpenAIError(400, f"'prompt' token ids must be in [0, {engine.engine.arch.vocab_size})", "prompt")
         max_tokens = parsed.params.max_tokens
         if max_tokens is None:                         # chat default: the rest of the context
             if len(ids) >= limit:
-                raise APIError(400, f"This model's maximum context length is {limit} tokens, but the "
+                raise OpenAIError(400, f"This model's maximum context length is {limit} tokens, but the "
                                     f"messages take {len(ids)} tokens", "messages", code="context_length_exceeded")
         elif len(ids) + max_tokens > limit:
-            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+            raise OpenAIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                                 f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
                                 f"completion). Please reduce the prompt or max_tokens.",
                            "messages" if parsed.kind == "chat" else "prompt", code="context_length_exceeded")
@@ -89,7 +84,7 @@ def _deltas(job: _Job) -> Iterator[tuple[int, StreamDelta]]:
                 continue
             if delta.error is not None:
                 job.abort_unfinished()
-                raise APIError(503, f"engine failure: {delta.error}", type_="server_error", code="engine_error")
+                raise OpenAIError(503, f"engine failure: {delta.error}", type_="server_error", code="engine_error")
             yield i, delta
 
 
@@ -164,7 +159,7 @@ def sse(job: _Job) -> Iterator[str]:
             chunk = {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
-    except APIError as exc:                    # headers are gone: report in-band, then end
+    except OpenAIError as exc:                    # headers are gone: report in-band, then end
         yield f"data: {json.dumps(exc.body())}\n\n"
         yield "data: [DONE]\n\n"
     except (GeneratorExit, ClientDisconnected):

@@ -1,80 +1,143 @@
-"""Pydantic models of the inference service's OpenAI-compatible API, the source of its
-/openapi.json. The requests are parsed by openai_protocol.py (OpenAI's error messages and `param`);
-these models say the same rules to clients and to the schemathesis test that holds the two
-together (tests/test_openapi_server.py).
+"""Pydantic models of the inference service's OpenAI-compatible API: they parse its requests
+(`validate(CompletionRequest, body)`, inference/server/protocol.py) and are the source of its
+/openapi.json, so what the document says is what the service enforces (the schemathesis test,
+tests/test_openapi_server.py, holds them to it). The `Errors` markers word each rule the way
+OpenAI's API does, naming the field in `param` (httpkit/validation.py).
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from httpkit.openapi import Body, Stream
+from httpkit.validation import Errors, InvalidRequest
+from inference.core.engine import check_messages
+from inference.embeddings import EMBEDDING_MODEL, check_inputs
+from inference.sampling_params import MAX_TOP_K
 
 TokenId = Annotated[int, Field(ge=0)]
-Penalty = Annotated[float, Field(ge=-2, le=2)]
-Seed = Annotated[int, Field(ge=0, le=2**63 - 17, description="at most 2^63 - 1 - n")]
+Penalty = Annotated[float | None, Field(ge=-2, le=2), Errors(range="{at}: must be in [-2, 2], got {input!r}")]
+# SamplingParams seeds sample i with seed + i: at most 2**63 - 1 - n (checked there, knowing n)
+Seed = Annotated[int | None, Field(ge=0, le=2**63 - 2, description="at most 2^63 - 1 - n"),
+                 Errors(range="seed: must be an integer in [0, 2**63 - n), got {input!r}")]
+TYPE = "'{at}' must be of type {label}, got {got}"           # OpenAI's words for a wrong JSON type
+ROLES = ("system", "user", "assistant")
 
 
-class _Sampling(BaseModel):
-    """Fields both generation endpoints take (OpenAI's, then vLLM's extensions); null = default."""
-    model_config = ConfigDict(extra="forbid")
-    model: Annotated[str, Field(min_length=1, description="the served model name (GET /v1/models)")]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=16)] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
-    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
-    seed: Seed | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    user: str | None = None
-    top_k: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
-    min_tokens: Annotated[int, Field(ge=0, description="at most max_tokens")] | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[TokenId] | None = None
-    skip_special_tokens: bool | None = None
-    include_stop_str_in_output: bool | None = None
-    priority: int | None = Field(None, description="lower runs first (vLLM's priority scheduling)")
+class _Request(BaseModel):
+    """Strict JSON types (no "5" for 5, no true for 1), finite numbers."""
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    error_messages: ClassVar[Errors] = Errors(body="request body must be a JSON object",
+                                              extra_forbidden="Unrecognized request argument supplied: {unknown_names}",
+                                              finite_number="'{at}' must be a finite number", type=TYPE)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StreamOptions(_Request):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
 
 
-class CompletionRequest(_Sampling):
-    prompt: (Annotated[str, Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
-    suffix: str | None = None
+class GenerationRequest(_Request):
+    """Fields both generation endpoints take (OpenAI's, then vLLM's extensions); null = default."""
+    model: Annotated[str, Field(min_length=1, description="the served model name (GET /v1/models)"),
+                     Errors("'model' must be a non-empty string")]
+    max_tokens: Annotated[int | None, Field(ge=1),
+                          Errors(greater_than_equal="'max_tokens' must be at least 1, got {input}")] = None
+    temperature: Annotated[float | None, Field(ge=0), Errors(range="temperature: must be >= 0, got {input!r}")] = None
+    top_p: Annotated[float | None, Field(gt=0, le=1), Errors(range="top_p: must be in (0, 1], got {input!r}")] = None
+    n: Annotated[int | None, Field(ge=1, le=16), Errors(greater_than_equal="n: must be an integer >= 1, got {input!r}",
+                                                         less_than_equal="'n' must be <= 16")] = None
+    stream: bool | None = None
+    stream_options: Annotated[StreamOptions | None, Field(description="only with stream: true"),
+                              Errors(extra_forbidden=lambda v: f"unknown stream_options: {sorted(v['value'])}")] = None
+    stop: Annotated[Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                                    Field(max_length=16)] | None,
+                    Errors("'stop' must be a string or a list of strings", too_long="'stop' accepts at most 16 strings",
+                           string_too_short="stop: must be a non-empty string or a list of non-empty strings, "
+                                            "got {value!r}")] = None
+    seed: Seed = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    user: str | None = None
+    top_k: Annotated[int | None, Field(ge=-1, le=MAX_TOP_K),
+                     Errors(range=f"top_k: must be -1 (off), 0 (off) or a positive integer up to {MAX_TOP_K}, "
+                                  "got {input!r}")] = None
+    min_p: Annotated[float | None, Field(ge=0, le=1), Errors(range="min_p: must be in [0, 1], got {input!r}")] = None
+    repetition_penalty: Annotated[float | None, Field(gt=0),
+                                  Errors(range="repetition_penalty: must be > 0, got {input!r}")] = None
+    min_tokens: Annotated[int | None, Field(ge=0, description="at most max_tokens"),
+                          Errors(range="min_tokens: must be an integer >= 0, got {input!r}")] = None
+    ignore_eos: bool | None = None
+    stop_token_ids: Annotated[list[TokenId] | None,
+                              Errors("stop_token_ids: must be a list of non-negative integers, got {value!r}",
+                                     list_type=None)] = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    priority: int | None = Field(None, description="lower runs first (vLLM's priority scheduling)")
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        return self
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Annotated[Annotated[str, Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
+                      | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+                      | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)],
+                      Errors("'prompt' must be a non-empty string, list of strings, list of token ids or list of "
+                             "token-id lists", string_too_short="'prompt' must not be empty",
+                             greater_than_equal="'prompt' token ids must be in [0, vocab_size), got {input}")]
+    suffix: str | None = Field(None, description="accepted; the completion endpoint ignores it")
     echo: bool | None = None
     best_of: int | None = Field(None, description="only equal to n")
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    logprobs: Annotated[int | None, Field(ge=0, le=5), Errors(range="'logprobs' must be between 0 and 5")] = None
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise InvalidRequest("'best_of' other than n is not supported", "best_of")
+        return self
 
 
-class TextPart(BaseModel):
+class TextPart(_Request):
     model_config = ConfigDict(extra="allow")
+    error_messages: ClassVar[Errors] = Errors()            # the message's content says what is wrong
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Request):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    error_messages: ClassVar[Errors] = Errors(object="'{at}' must be an object")
+    role: Annotated[Literal["system", "user", "assistant"],
+                    Errors(f"'{{at}}' must be one of {list(ROLES)}, got {{input!r}}",
+                           missing=f"'{{at}}' must be one of {list(ROLES)}, got None")]
+    content: Annotated[str | list[TextPart],
+                       Errors("'{at}' parts must be text parts", string_type="'{at}' must be a string",
+                              missing="'{at}' must be a string")]
+
+    @property
+    def content_text(self) -> str:
+        """The content, its text parts joined."""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+class ChatCompletionRequest(GenerationRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1), Errors("'messages' must be a non-empty list")]
+    max_completion_tokens: Annotated[int | None, Field(ge=1), Errors(
+        greater_than_equal="'max_completion_tokens' must be at least 1, got {input}")] = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20, description="needs logprobs: true")] | None = None
+    top_logprobs: Annotated[int | None, Field(ge=0, le=20, description="needs logprobs: true"), Errors(
+        range="'top_logprobs' needs logprobs=true and must be between 0 and 20")] = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("'top_logprobs' needs logprobs=true and must be between 0 and 20", "top_logprobs")
+        return self
 
 
 class Usage(BaseModel):
@@ -191,12 +254,25 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(_Request):
     model_config = ConfigDict(extra="allow")
-    model: Literal["all-MiniLM-L6-v2"] | None = None
-    input: (Annotated[str, Field(min_length=1, max_length=16384, pattern=r"\S")]
-            | Annotated[list[Annotated[str, Field(min_length=1, max_length=16384, pattern=r"\S")]],
-                        Field(min_length=1, max_length=512)])
+    model: Annotated[Literal["all-MiniLM-L6-v2"] | None,
+                     Errors(f"model {{value!r}} does not exist; embeddings come from {EMBEDDING_MODEL!r}",
+                            status=404, code="model_not_found")] = None
+    input: Annotated[Annotated[str, Field(min_length=1, max_length=16384, pattern=r"\S")]
+                     | Annotated[list[Annotated[str, Field(min_length=1, max_length=16384, pattern=r"\S")]],
+                                 Field(min_length=1, max_length=512)],
+                     Errors(missing="input: must be a non-empty string or a non-empty list of strings")]
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _inputs(cls, value: Any) -> Any:
+        check_inputs(value)                 # the embedder's own rule, in its words
+        return value
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
 class Embedding(BaseModel):
@@ -217,18 +293,31 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
-class PlainMessage(BaseModel):
+class PlainMessage(_Request):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant"]
     content: str
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Request):
     """vLLM's /tokenize: a prompt, or messages put through the chat template (messages win)."""
     model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": [{"required": ["prompt"]},
                                                                           {"required": ["messages"]}]})
-    prompt: str | None = None
+    prompt: Annotated[str | None, Errors("'prompt' must be a string")] = None
     messages: Annotated[list[PlainMessage], Field(min_length=1)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_or_messages(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not (isinstance(data.get("prompt"), str) or "messages" in data):
+            raise InvalidRequest("tokenize: send {'prompt': str} or {'messages': [...]}")
+        return data
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _conversation(cls, value: Any) -> Any:
+        check_messages(value)               # the engine's own rule (also for null), in its words
+        return value
 
 
 class TokenizeResponse(BaseModel):
