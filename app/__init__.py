@@ -22,13 +22,14 @@ from redis.exceptions import RedisError
 from app.chat import bp as chat_bp
 from app.completion import bp as completion_bp
 from app.completion import init_completion
+from app.errors import error_response
 from app.jobs import bp as jobs_bp
 from app.knowledge_base import bp as kb_bp
 from app.limits import init_limits
 from app.readiness import Readiness
-from app.settings import WebSettings
 from app.schemas import METRICS, Readyz, Status
 from app.services import ChatServices
+from app.settings import WebSettings
 from app.store import MemoryStore
 from app.store_buffer import BufferedRedisStore, StoreUnavailable
 from app.tasks import BrokerUnavailable, celery_init_app
@@ -132,11 +133,11 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
 
     @app.errorhandler(404)
     def _not_found(_exc):
-        return jsonify({"error": "not found"}), 404
+        return error_response(404, "not found")
 
     @app.errorhandler(405)
     def _not_allowed(_exc):
-        return jsonify({"error": "method not allowed"}), 405
+        return error_response(405, "method not allowed")
 
     @app.errorhandler(StoreUnavailable)
     @app.errorhandler(BrokerUnavailable)
@@ -146,20 +147,18 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
         app.logger.warning("dependency unavailable on %s: %s", request.path, exc)
         what = str(exc) if not isinstance(exc, RedisError) else "a backing store (Redis) is unavailable"
         message = f"{what}; retry after the Retry-After seconds"
-        body = {"error": {"message": message, "type": "service_unavailable"}} \
-            if request.path.startswith("/v1/") else {"error": message}
-        return jsonify(body), 503, {"Retry-After": "5"}
+        return error_response(503, message, {"Retry-After": "5"}, type_="service_unavailable")
 
     @app.errorhandler(Exception)
     def _unexpected(exc):
         from werkzeug.exceptions import HTTPException
         if isinstance(exc, HTTPException):
-            return jsonify({"error": exc.description}), exc.code
+            return error_response(exc.code, exc.description)
         app.logger.exception("unhandled error")
-        return jsonify({"error": "internal error"}), 500
+        return error_response(500, "internal error")
 
     @app.errorhandler(413)
     def _too_large(_exc):
-        return jsonify({"error": f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes"}), 413
+        return error_response(413, f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes")
 
     return app

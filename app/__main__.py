@@ -43,7 +43,8 @@ def serve(args: argparse.Namespace) -> int:
           + (f"OpenAI-compatible:   {base}/inference/v1  (model {primary.model})\n" if mounts else
              f"Inference service:   {settings.inference_url}\n"), flush=True)
     waitress.serve(app, host=args.host, port=args.port, threads=args.threads, send_bytes=1,
-                   channel_request_lookahead=1, connection_limit=args.connection_limit or settings.web_connection_limit, channel_timeout=300,
+                   channel_request_lookahead=1, connection_limit=args.connection_limit or settings.web_connection_limit,
+                   channel_timeout=300,
                    asyncore_use_poll=True,                 # select() stops at 1024 descriptors
                    ident="support-app")
     return 0

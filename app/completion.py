@@ -91,7 +91,7 @@ def _ext() -> dict:
 
 
 def _model_name() -> str:
-    return current_app.config.get("COMPLETION_MODEL_NAME") or os.environ.get("MODEL", "smollm2")
+    return current_app.config["COMPLETION_MODEL_NAME"]
 
 
 @bp.before_request
@@ -211,7 +211,8 @@ def metrics():
 @documented(responses={200: HealthOut}, security=(), tags=("completion",))
 def health():
     """The server's model and device."""
-    return jsonify({"model": _model_name(), "device": "cpu", "arch": platform.machine(), "cpu_info": platform.processor(),
+    return jsonify({"model": _model_name(), "device": "cpu", "arch": platform.machine(),
+                    "cpu_info": platform.processor(),
                     "cpu_count": os.cpu_count(), "cuda_devices": [], "version": {"build_date": "", "git_sha": ""}})
 
 
@@ -250,13 +251,8 @@ def repository_job(job_id: str):
 
 
 def init_completion(app) -> None:
-    keys = app.config.get("COMPLETION_API_KEYS")
-    if keys is None:
-        keys = [k for k in os.environ.get("COMPLETION_API_KEYS", "").split(",") if k]
-    app.config["COMPLETION_API_KEY_HASHES"] = [hash_api_key(k) for k in keys]
+    app.config["COMPLETION_API_KEY_HASHES"] = [hash_api_key(k) for k in app.config["COMPLETION_API_KEYS"] or []]
     app.config["COMPLETION_API_KEYS"] = None             # only the hashes are kept
-    roots = os.environ.get("COMPLETION_REPO_ROOTS", str(Path(__file__).resolve().parent.parent))
-    app.config.setdefault("COMPLETION_REPO_ROOTS", [r for r in roots.split(os.pathsep) if r])
     from app.store import BatchStore, JobStore
     from monitoring.completion_metrics import CompletionMetrics
     from pipelines.completion import Languages

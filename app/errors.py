@@ -6,15 +6,18 @@
     body = validate_body(MessageIn, request.get_json(silent=True), context={...})   # or PlainError
 
 The /v1 routes (completion, jobs, knowledge base) answer in OpenAI's shape instead
-(httpkit/errors.py). The chat blueprint renders PlainError with `render`.
+(httpkit/errors.py). The chat blueprint renders PlainError with `render`; the app's own handlers
+(not found, too large, rate limited, a dependency down) answer with `error_response`, in the
+style of the route.
 """
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from flask import jsonify
+from flask import jsonify, request
 from pydantic import BaseModel
 
+from httpkit.errors import OpenAIError
 from httpkit.validation import InvalidRequest, validate
 
 M = TypeVar("M", bound=BaseModel)
@@ -47,3 +50,14 @@ def validate_body(model: type[M], data: Any, *, context: dict | None = None) -> 
 
 def render(exc: PlainError):
     return jsonify(exc.body()), exc.status, exc.headers
+
+
+def error_response(status: int, message: str, headers: dict | None = None, type_: str | None = None,
+                   code: str | None = None):
+    """An error the app itself raises (404, 405, 413, 429, 503, 500) in the style of the route it
+    answers: OpenAI's object under /v1/, the plain {"error": "..."} elsewhere."""
+    if request.path.startswith("/v1/"):
+        body = OpenAIError(status, message, type_=type_, code=code).body()
+    else:
+        body = plain_error_body(message)
+    return jsonify(body), status, headers or {}

@@ -15,11 +15,12 @@ import hashlib
 import os
 
 import yaml
-from flask import Flask, jsonify, request
+from flask import Flask, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from limits import parse_many
 
+from app.errors import error_response
 from configs import resolve, shipped
 
 DEFAULT_PATH = shipped("limits.yaml")
@@ -70,7 +71,10 @@ def init_limits(app: Flask, chat_bp, *api_bps) -> Limiter:
     limiter = Limiter(get_remote_address, app=app, storage_uri=storage, strategy="moving-window",
                       headers_enabled=True, swallow_errors=True, in_memory_fallback_enabled=True,
                       key_prefix=app.config.get("RATELIMIT_KEY_PREFIX", "ratelimit"))
-    skip = lambda: request.path in UNLIMITED_PATHS or request.method == "OPTIONS"
+
+    def skip():
+        return request.path in UNLIMITED_PATHS or request.method == "OPTIONS"
+
     # shared limits: one counter per key across all of a blueprint's routes
     for bp in (chat_bp, *api_bps):
         limiter.shared_limit(limits["per_ip"], scope=f"{bp.name}-ip", exempt_when=skip)(bp)
@@ -82,7 +86,8 @@ def init_limits(app: Flask, chat_bp, *api_bps) -> Limiter:
     def _too_many(exc):
         limit = getattr(exc, "limit", None)
         what = f" ({limit.limit})" if limit is not None else ""
-        return jsonify({"error": f"rate limit exceeded{what}: retry after the Retry-After seconds"}), 429
+        return error_response(429, f"rate limit exceeded{what}: retry after the Retry-After seconds",
+                              code="rate_limit_exceeded")
 
     app.extensions["limiter"] = limiter
     return limiter

@@ -6,8 +6,13 @@ value (CHAT_MAX_TOKENS=abc) fails at startup with the variable's name, not on th
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_REPO_ROOT = str(Path(__file__).resolve().parent.parent)   # the checkout / install root
 
 
 class WebSettings(BaseSettings):
@@ -35,7 +40,7 @@ class WebSettings(BaseSettings):
     # code completion
     model: str = "smollm2"                                  # the model name responses report
     completion_api_keys: str = ""                           # comma-separated; hashed at startup
-    completion_repo_roots: str | None = None                # comma-separated; default: the checkout
+    completion_repo_roots: str | None = None                # os.pathsep-separated; default: the checkout
     # processes
     inference_url: str | None = None                        # the inference service, when not in-process
     shutdown_drain_s: float = Field(30.0, ge=0)
@@ -58,4 +63,8 @@ class WebSettings(BaseSettings):
             "CHAT_REBUILD_MAX_S": self.chat_rebuild_max_s, "CHAT_MAX_TURNS": self.chat_max_turns,
             "CELERY_BROKER_URL": self.celery_broker_url,
             "CELERY_VISIBILITY_TIMEOUT_S": self.celery_visibility_timeout_s,
+            "COMPLETION_MODEL_NAME": self.model,
+            "COMPLETION_API_KEYS": [k for k in self.completion_api_keys.split(",") if k],
+            "COMPLETION_REPO_ROOTS": [r for r in (self.completion_repo_roots or DEFAULT_REPO_ROOT).split(os.pathsep)
+                                      if r],
         }
