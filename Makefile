@@ -6,11 +6,12 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-v2
 MODEL ?= smollm2
 # The CPU engine shares the cores with web threads: OpenMP threads that spin while idle (libgomp's
-# default) made each tiny-model step 60x slower under that contention (1.3 s vs 20 ms for 16 tokens).
+# default) make each engine step many times slower under that contention
+# (bench/journal/2026-12-03-docs-history.md).
 # It has to be in the environment: libgomp reads it when torch loads it.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run serve chat test test-fast bench install browser ops-tools clean
+.PHONY: run serve chat test test-fast lint bench install browser ops-tools clean
 
 install: $(STAMP)
 
@@ -44,8 +45,13 @@ ops-tools:
 	@command -v promtool >/dev/null && command -v docker-compose >/dev/null || \
 		(apt-get update -q && apt-get install -y -q prometheus docker-compose)
 
-test: $(STAMP) browser ops-tools
+test: $(STAMP) browser ops-tools lint
 	$(PY) -m pytest -q --durations=15 tests
+
+# ruff's rules and import-linter's layer contracts are in pyproject.toml
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests

@@ -128,7 +128,8 @@ def get_session(sid: str):
 
 
 @bp.post("/sessions/<sid>/messages")
-@documented(path=SessionPath, body=MessageIn, responses={200: (ChatReplyOut, CHAT_STREAM), **_IN_SESSION}, tags=("chat",))
+@documented(path=SessionPath, body=MessageIn, responses={200: (ChatReplyOut, CHAT_STREAM), **_IN_SESSION},
+            tags=("chat",))
 def post_message(sid: str):
     """Send the customer's message; the reply as JSON, or streamed as server-sent events."""
     tid = g.tenant.tenant.tenant_id

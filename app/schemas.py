@@ -10,7 +10,7 @@ they call invalid gets a 4xx. The completion bodies belong to the pipeline
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator
 from pydantic_core import PydanticCustomError
@@ -26,7 +26,8 @@ MAX_ITEMS = 1000                    # requests per batch job
 MAX_PROMPT_CHARS = 16000            # per batch item, prompt or messages in all
 JSONL = Body("application/x-ndjson", description="one JSON object per line")
 METRICS = Body("text/plain", description="Prometheus text exposition format")
-JobSeed = Annotated[int, Field(ge=0, le=2**63 - 2)]             # SamplingParams: seed + n - 1 < 2**63; items sample once
+# SamplingParams: seed + n - 1 < 2**63; items sample once
+JobSeed = Annotated[int, Field(ge=0, le=2**63 - 2)]
 BODY = "request body must be a JSON object"
 
 
@@ -62,8 +63,9 @@ class Readyz(BaseModel):
     status: Literal["ready", "degraded", "warming", "unavailable"]
     degraded: list[str] = Field(default_factory=list, description="the dependencies that are down")
     error: str | None = None
-    dependencies: dict[str, dict[str, Any]] = Field(description="inference_primary, inference_standby, "
-                                                    "embeddings, kb_index, redis, celery_broker: each a state and details")
+    dependencies: dict[str, dict[str, Any]] = Field(
+        description="inference_primary, inference_standby, embeddings, kb_index, redis, celery_broker: "
+                    "each a state and details")
 
 
 # ---- support chat ------------------------------------------------------------------------------
@@ -220,7 +222,8 @@ class HealthOut(BaseModel):
 
 
 class RepositoryIn(_In):
-    name: Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S", description="the repository's name or git_url"),
+    name: Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S",
+                               description="the repository's name or git_url"),
                     Errors("name: required, a string (the repository's name or git_url)")]
     path: Annotated[str, Field(min_length=1, pattern=r"^[^\x00]+$",
                                description="a folder on the server under COMPLETION_REPO_ROOTS"),
@@ -273,7 +276,8 @@ class ChatTurn(_In):
 
 class _Sampling(_In):
     model_config = ConfigDict(extra="forbid")
-    error_messages: ClassVar[Errors] = Errors("{at}: out of range or of the wrong type", object="{at}: must be an object",
+    error_messages: ClassVar[Errors] = Errors("{at}: out of range or of the wrong type",
+                                              object="{at}: must be an object",
                                               extra_forbidden=_unknown_fields)
     max_tokens: Annotated[int, Field(ge=1, le=1024)] = 128
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
@@ -288,7 +292,8 @@ class PromptItem(_Sampling):
 
 
 class ChatItem(_Sampling):
-    messages: Annotated[list[ChatTurn], Field(min_length=1, description=f"at most {MAX_PROMPT_CHARS} characters in all"),
+    messages: Annotated[list[ChatTurn],
+                        Field(min_length=1, description=f"at most {MAX_PROMPT_CHARS} characters in all"),
                         Errors("{at}: a non-empty list of {{role: system|user|assistant, content: str}}",
                                too_many_chars=f"{{at}}: more than {MAX_PROMPT_CHARS} characters in all")]
 
@@ -311,7 +316,7 @@ def _item_kind(item: Any) -> str | None:
     return "PromptItem" if not prompt and set(item) - set(ChatItem.model_fields) else None
 
 
-BatchItem = Annotated[Union[Annotated[PromptItem, Tag("PromptItem")], Annotated[ChatItem, Tag("ChatItem")]],
+BatchItem = Annotated[Annotated[PromptItem, Tag("PromptItem")] | Annotated[ChatItem, Tag("ChatItem")],
                       Discriminator(_item_kind, custom_error_type="one_of_prompt_or_messages",
                                     custom_error_message="give exactly one of prompt or messages")]
 REQUESTS = 'body: {"requests": [...]} as JSON, or JSONL with Content-Type application/x-ndjson'.replace("{", "{{") \

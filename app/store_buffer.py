@@ -39,7 +39,8 @@ class BufferedRedisStore:
         # two quick tries, not the default ~4 s of retries: an outage is buffered instead
         self.redis = RedisStore(url, ttl, retries=2, connect_timeout_s=0.5, timeout_s=2.0)
         self.ttl, self.mirror_size, self.probe_interval_s = ttl, mirror_size, probe_interval_s
-        self._mirror: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()   # (tenant, sid) -> {"meta", "messages", "feedback"}
+        # (tenant, sid) -> {"meta", "messages", "feedback"}
+        self._mirror: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
         self._queue: collections.deque[tuple] = collections.deque()  # (op, tenant, sid, *args) not yet in Redis
         self._lock = threading.RLock()
         self._down = False

@@ -189,8 +189,8 @@ def _generate_items(jobs, job_id: str) -> None:
         if "messages" in item:
             text = "".join(client.chat_stream(item["messages"], top_p=item.get("top_p", 1.0), **params))
         else:
-            text = "".join(client.complete_stream(item["prompt"], top_p=item.get("top_p", 1.0), stop=item.get("stop") or [],
-                                                  seed=item.get("seed"), **params))
+            text = "".join(client.complete_stream(item["prompt"], top_p=item.get("top_p", 1.0),
+                                                  stop=item.get("stop") or [], seed=item.get("seed"), **params))
         count = jobs.put_result(job_id, index, {"index": index, "text": text})
         jobs.set(job_id, done=count)
     jobs.finish(job_id, "done", done=len(items))

@@ -19,8 +19,10 @@ _SIGNALS: list[tuple[str, float, re.Pattern]] = [(name, w, re.compile(p)) for na
                      r"(initial|hidden|original|your) (instructions?|prompt))")),
     ("persona", 0.6, r"\b(you are now|from now on,? you|act as|pretend (to be|you are)|roleplay as)\b"),
     ("jailbreak", 1.0, r"\b(developer mode|jailbreak|dan mode|do anything now|no restrictions|unfiltered)\b"),
-    ("role_tag", 1.0, r"(?m)(<\|?(system|im_start|im_end|endoftext)\|?>|\[/?inst\]|^\s*system\s*:|###\s*(system|instruction))"),
-    ("override_zh", 1.0, r"(忽略|无视|忘记|跳过).{0,10}(之前|以上|上面|所有|先前|系统).{0,6}(指令|指示|提示|规则|设定)"),
+    ("role_tag", 1.0, (r"(?m)(<\|?(system|im_start|im_end|endoftext)\|?>|\[/?inst\]|"
+                       r"^\s*system\s*:|###\s*(system|instruction))")),
+    ("override_zh", 1.0, (r"(忽略|无视|忘记|跳过).{0,10}(之前|以上|上面|所有|先前|系统)"
+                          r".{0,6}(指令|指示|提示|规则|设定)")),
     ("reveal_zh", 1.0, r"(显示|告诉我|输出|重复|泄露).{0,10}(系统提示|系统指令|初始指令|提示词)"),
     ("persona_zh", 0.6, r"(你现在是|从现在开始你|扮演|假装你是)"),
     ("jailbreak_zh", 1.0, r"(开发者模式|越狱|没有任何限制|不受限制)"),

@@ -138,8 +138,8 @@ def _content(items: tuple, refs: dict[type, dict]) -> dict:
 
 
 def build_spec(app: Flask, *, title: str, version: str, description: str = "",
-               security_schemes: dict[str, dict] | None = None, default_security: dict[str, tuple[str, ...]] | None = None,
-               prefix: str = "") -> dict:
+               security_schemes: dict[str, dict] | None = None,
+               default_security: dict[str, tuple[str, ...]] | None = None, prefix: str = "") -> dict:
     """The OpenAPI 3.1 document of every documented route of `app` whose path starts with `prefix`.
 
     `default_security` maps a path prefix to the security schemes its operations need unless a view
@@ -158,7 +158,8 @@ def build_spec(app: Flask, *, title: str, version: str, description: str = "",
     paths: dict[str, dict] = {}
     for rule, method, doc in sorted(ops):
         path = _RULE_ARG.sub(r"{\1}", rule)
-        op: dict[str, Any] = {"operationId": f"{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+        op: dict[str, Any] = {"operationId":
+                              f"{method}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
                               "summary": doc.summary,
                               "responses": {str(s): {"description": _reason(s), "content": _content(v, refs)}
                                             for s, v in sorted(doc.responses.items())}}

@@ -17,7 +17,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--block-size", type=int)
     p.add_argument("--kv-cache-memory-bytes", type=int)
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="fp8_e4m3: half the KV bytes; int8: per-row scales, CPU path")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                   help="fp8_e4m3: half the KV bytes; int8: per-row scales, CPU path")
     p.add_argument("--swap-space", type=float,
                    help="GiB of host memory (pinned on CUDA) that keeps prefix-cached KV blocks evicted from the "
                         "device, copied back on a hit (0 = off)")
@@ -45,8 +46,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     keys = ["model", "dtype", "max_model_len", "block_size", "kv_cache_memory_bytes", "max_num_seqs",
             "max_num_batched_tokens", "enable_prefix_caching", "seed", "device", "gpu_memory_utilization",
-            "enforce_eager", "quantization", "kv_cache_dtype", "router_weights_threshold", "speculative_config", "swap_space",
-            "kv_disk_path", "kv_disk_bytes", "tensor_parallel_size"]
+            "enforce_eager", "quantization", "kv_cache_dtype", "router_weights_threshold", "speculative_config",
+            "swap_space", "kv_disk_path", "kv_disk_bytes", "tensor_parallel_size"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     return EngineConfig.load(args.config, profile=args.profile, **overrides)
 

@@ -39,9 +39,11 @@ class ModelConfig:
     router_weights_threshold: float = 0.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.router_weights_threshold, (int, float)) or isinstance(self.router_weights_threshold, bool) \
+        if not isinstance(self.router_weights_threshold, (int, float)) \
+                or isinstance(self.router_weights_threshold, bool) \
                 or not 0.0 <= self.router_weights_threshold < 1.0:
-            raise ValueError(f"router_weights_threshold: must be a number in [0, 1), got {self.router_weights_threshold!r}")
+            raise ValueError("router_weights_threshold: must be a number in [0, 1), "
+                             f"got {self.router_weights_threshold!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model: must be a non-empty model name or path")
         if self.dtype not in DTYPES:
@@ -87,7 +89,8 @@ class CacheConfig:
         if not isinstance(swap, (int, float)) or isinstance(swap, bool) or not 0 <= swap < float("inf"):
             raise ValueError(f"swap_space: must be a number of GiB >= 0 (0 = no host KV tier), got {swap!r}")
         if not isinstance(self.kv_disk_bytes, int) or isinstance(self.kv_disk_bytes, bool) or self.kv_disk_bytes < 0:
-            raise ValueError(f"kv_disk_bytes: must be an integer >= 0 (0 = no disk KV tier), got {self.kv_disk_bytes!r}")
+            raise ValueError("kv_disk_bytes: must be an integer >= 0 (0 = no disk KV tier), "
+                             f"got {self.kv_disk_bytes!r}")
         if self.kv_disk_path is not None and (not isinstance(self.kv_disk_path, str) or not self.kv_disk_path):
             raise ValueError(f"kv_disk_path: must be a directory path, got {self.kv_disk_path!r}")
         if self.kv_disk_bytes and self.kv_disk_path is None:
@@ -183,7 +186,7 @@ class EngineConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-             profile: str | None = None, **engine_args: Any) -> "EngineConfig":
+             profile: str | None = None, **engine_args: Any) -> EngineConfig:
         """YAML (default `configs/engine.yaml`) < profile (`configs/profiles/<name>.yaml`)
         < environment `INFERENCE_<SECTION>_<KEY>` < keyword arguments (explicit flags)."""
         path = Path(path) if path else shipped("engine.yaml")

@@ -8,8 +8,9 @@ runtime, so the scheduler stays tensor-free.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inference.core.kv_tiers import KVTransfer
 from inference.core.request import Request

@@ -1,7 +1,8 @@
 """Offline Python API shaped like vLLM's: `LLM(model=...).generate(prompts, params)`."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -17,7 +18,7 @@ class LLM:
         self.engine = LLMEngine(self.config)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "LLM":
+    def from_config(cls, config: EngineConfig) -> LLM:
         llm = cls.__new__(cls)
         llm.config = config
         llm.engine = LLMEngine(config)

@@ -11,15 +11,16 @@ import logging
 import queue
 import threading
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from inference.config import EngineConfig
 from inference.core.engine import LLMEngine, PromptType, check_messages
+from inference.core.stats import EngineStats
 from inference.outputs import StreamDelta
 from inference.sampling_params import SamplingParams
-from inference.core.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def device_error_is_fatal(exc: BaseException) -> bool:
 class RequestStream:
     """Iterator of StreamDelta for one request; ends after every sample has finished."""
 
-    def __init__(self, request_id: str, n: int, engine: "OnlineEngine"):
+    def __init__(self, request_id: str, n: int, engine: OnlineEngine):
         self.request_id = request_id
         self._queue: queue.Queue[StreamDelta] = queue.Queue()
         self._remaining = n                  # consumer side: finals not yet read
@@ -107,7 +108,8 @@ class OnlineEngine:
         self._wake.set()
         return stream
 
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams, request_id: str | None = None) -> RequestStream:
+    def chat(self, messages: list[dict[str, str]], params: SamplingParams,
+             request_id: str | None = None) -> RequestStream:
         check_messages(messages)
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.add_request({"prompt_token_ids": ids}, params, request_id)

@@ -92,7 +92,7 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
 
-    def for_child(self, index: int) -> "SamplingParams":
+    def for_child(self, index: int) -> SamplingParams:
         """The params of the index-th of n samples: n=1, a distinct seed if one was given."""
         from dataclasses import replace
         return replace(self, n=1, seed=None if self.seed is None else self.seed + index)

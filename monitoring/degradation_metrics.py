@@ -22,7 +22,8 @@ class DegradationCollector(Collector):
         ext = self.app.extensions
         services, store = ext["support_chat"]["services"], ext["support_chat"]["store"]
         yield GaugeMetricFamily("web_chat_pipeline_full", "1 when chat turns use the full pipeline (embeddings), "
-                                "0 while they use the keyword one", value=1.0 if services.pipeline_state == "full" else 0.0)
+                                "0 while they use the keyword one",
+                                value=1.0 if services.pipeline_state == "full" else 0.0)
         yield GaugeMetricFamily("web_store_buffered_writes", "Session writes waiting in this process for Redis",
                                 value=float(getattr(store, "num_queued", 0)))
         yield GaugeMetricFamily("web_outbox_pending_tasks", "Celery tasks waiting in this process for the broker",

@@ -146,7 +146,8 @@ def choose_fim_template(vocab, model_type: str | None = None, path: str | os.Pat
         return FimTemplate(family, families[family]["template"])
     for name, spec in families.items():
         tokens = spec.get("tokens") or []
-        if (tokens and all(t in vocab for t in tokens)) or (model_type and model_type in (spec.get("model_types") or [])):
+        by_model_type = model_type and model_type in (spec.get("model_types") or [])
+        if (tokens and all(t in vocab for t in tokens)) or by_model_type:
             return FimTemplate(name, spec["template"])
     return FimTemplate("plain", families["plain"]["template"])
 

@@ -40,8 +40,9 @@ class Snippet(_Body):
     body: str
 
 
-Snippets = Annotated[list[Snippet] | None, Errors("{item}: must be an object with a string body",
-                                                  list_type="{at}: must be a list of {{filepath, body}}, got {input!r}")]
+Snippets = Annotated[list[Snippet] | None,
+                     Errors("{item}: must be an object with a string body",
+                            list_type="{at}: must be a list of {{filepath, body}}, got {input!r}")]
 
 
 class Segments(_Body):

@@ -58,7 +58,8 @@ def load_intents(path: str | os.PathLike | None = None) -> dict[str, list[str]]:
     out = {}
     for name, spec in intents.items():
         examples = (spec or {}).get("examples") if isinstance(spec, dict) else None
-        if not isinstance(examples, list) or not examples or not all(isinstance(e, str) and e.strip() for e in examples):
+        if (not isinstance(examples, list) or not examples
+                or not all(isinstance(e, str) and e.strip() for e in examples)):
             raise ValueError(f"intents: {name!r} needs a non-empty list of example strings")
         out[str(name)] = [e.strip() for e in examples]
     return out
@@ -89,7 +90,8 @@ class IntentDetector:
             if cache_dir is None:
                 vecs = np.asarray(embed(examples), dtype=np.float32)              # [E, dim]
             else:
-                vecs, _ = cached_embeddings(embed, examples, Path(cache_dir), texts_key("intents", model_name, examples))
+                vecs, _ = cached_embeddings(embed, examples, Path(cache_dir),
+                                            texts_key("intents", model_name, examples))
             self._owner = np.repeat(np.arange(len(self.names)), [len(intents[n]) for n in self.names])
             self._examples = vecs
             centroids = np.stack([vecs[self._owner == i].mean(axis=0) for i in range(len(self.names))])

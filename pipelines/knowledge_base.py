@@ -38,7 +38,9 @@ MAX_CHUNK_WORDS = 220
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
-_STOP = frozenset(["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "if", "in", "is", "it", "me", "my", "of", "on", "or", "our", "so", "that", "the", "this", "to", "was", "we", "what", "when", "where", "which", "who", "will", "with", "you", "your"])
+_STOP = frozenset(["a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i",
+                   "if", "in", "is", "it", "me", "my", "of", "on", "or", "our", "so", "that", "the", "this", "to",
+                   "was", "we", "what", "when", "where", "which", "who", "will", "with", "you", "your"])
 
 
 def tokenize(text: str) -> list[str]:
@@ -130,7 +132,8 @@ class KnowledgeBase:
 
     def _reload(self, fingerprint: str) -> None:
         chunks = [c for p in self._files()
-                  for c in chunk_article(p.read_text(encoding="utf-8", errors="replace"), str(p.relative_to(self.path)))]
+                  for c in chunk_article(p.read_text(encoding="utf-8", errors="replace"),
+                                         str(p.relative_to(self.path)))]
         if not chunks:
             raise ValueError(f"knowledge base: no Markdown articles with text in {self.path}")
         vecs = None

@@ -45,7 +45,8 @@ CANNED = {
                 "or refund, your account, or a product? You can also ask for a human agent."),
                 "我想确认一下您的问题：是关于订单、配送、退货退款、账户还是商品？您也可以要求转人工客服。"),
     "not_found": (("I couldn't find that in our help centre, so I'd rather not guess. Would you like me to "
-                  "connect you with a human agent?"), "我在帮助中心没有找到相关内容，不想随意猜测。需要为您转接人工客服吗？"),
+                  "connect you with a human agent?"),
+                  "我在帮助中心没有找到相关内容，不想随意猜测。需要为您转接人工客服吗？"),
     "degraded": ("Our assistant is busy right now. Here is what our help centre says:",
                  "助手暂时繁忙，以下是帮助中心的相关内容："),
 }
@@ -84,7 +85,8 @@ class SupportChat:
                  banned: BannedWordFilter, temperature: float = 0.7, max_tokens: int = 512,
                  prompt_budget: int = 1400, top_k: int = 3):
         self.client, self.detector, self.kb, self.banned = client, detector, kb, banned
-        self.temperature, self.max_tokens, self.prompt_budget, self.top_k = temperature, max_tokens, prompt_budget, top_k
+        self.temperature, self.max_tokens, self.prompt_budget, self.top_k = (
+            temperature, max_tokens, prompt_budget, top_k)
 
     def clean_input(self, text: str, tenant: Tenant) -> tuple[str, str | None]:
         """(text with PII redacted and, under the mask policy, banned terms masked; why it is
@@ -207,7 +209,8 @@ class SupportChat:
             return canned("not_found", text)
         best = passages[0].chunk
         excerpt = " ".join(best.text.split()[:80])
-        return f"{canned('degraded', text)}\n\n**{best.title}**: {excerpt}\n\n{canned('not_found', text).split('. ')[-1]}"
+        return (f"{canned('degraded', text)}\n\n**{best.title}**: {excerpt}\n\n"
+                f"{canned('not_found', text).split('. ')[-1]}")
 
     @staticmethod
     def _canned(reply: str, result: ChatReply) -> Iterator[tuple[str, object]]:

@@ -13,12 +13,12 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inference.core.block_manager import BlockManager
 from inference.config import SchedulerConfig
+from inference.core.block_manager import BlockManager
 from inference.core.request import Request, RequestStatus
-from inference.sampling_params import SamplingParams
 from inference.core.scheduler import Scheduler
 from inference.interfaces import ModelRunnerOutput, SchedulerOutput
+from inference.sampling_params import SamplingParams
 
 _clock = itertools.count(1)     # arrival times: strictly increasing, never tied
 
@@ -96,7 +96,7 @@ class FakeKVCache:
                                f"(blocks {block_ids}; slots hold {[seen[p] for p in bad]})")
 
 
-_kv_caches: "weakref.WeakKeyDictionary[Scheduler, FakeKVCache]" = weakref.WeakKeyDictionary()
+_kv_caches: weakref.WeakKeyDictionary[Scheduler, FakeKVCache] = weakref.WeakKeyDictionary()
 
 
 def kv_of(scheduler: Scheduler) -> FakeKVCache:

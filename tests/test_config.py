@@ -1,6 +1,8 @@
 """Config: YAML < environment < keyword arguments, validated on construction."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from inference.config import EngineConfig
@@ -17,7 +19,7 @@ def test_yaml_env_and_kwargs_precedence(tmp_path):
     assert cfg.scheduler.max_num_seqs == 9                    # env beats YAML
     assert cfg.scheduler.max_num_batched_tokens == 32         # kwargs beat YAML
     assert cfg.cache.enable_prefix_caching is False and cfg.cache.block_size == 8
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.cache.block_size = 32                             # frozen
 
 

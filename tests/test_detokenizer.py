@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from inference.core.detokenizer import IncrementalDetokenizer
-from inference.sampling_params import SamplingParams
 from inference.core.tokenizer import ByteTokenizer
+from inference.sampling_params import SamplingParams
 
 TOK = ByteTokenizer(512)
 

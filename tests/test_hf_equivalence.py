@@ -67,7 +67,8 @@ CONFIGS = {
     "llama3-rope-scaling": ("llama", dict(TINY, rope_theta=500000.0, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64})),
-    "llama-linear-rope-bias": ("llama", dict(TINY, attention_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama-linear-rope-bias": ("llama", dict(TINY, attention_bias=True,
+                                             rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "qwen2-bias": ("qwen2", dict(TINY, tie_word_embeddings=False)),
     "mistral": ("mistral", dict(TINY, sliding_window=4096)),
     "head-dim-override": ("llama", dict(TINY, head_dim=32)),

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 from inference.config import EngineConfig
-from inference.worker.cuda_runner import CudaModelRunner
+from inference.kernels.kv_cache import write_kv_cache_reference
+from inference.kernels.rotary_kv_cache import rotary_kv_cache_reference
 from inference.llm import LLM
-from inference.worker.kv_sizing import num_kv_blocks
 from inference.models.fused_decode import fused_decode_forward, fused_decode_plan
 from inference.models.norm_folding import fold_norm_weights
 from inference.models.triton_layers import use_triton_kernels
 from inference.parallel.tp_transform import TPPlan, install_parallel_layers
 from inference.sampling_params import SamplingParams
-from inference.kernels.kv_cache import write_kv_cache_reference
-from inference.kernels.rotary_kv_cache import rotary_kv_cache_reference
+from inference.worker.cuda_runner import CudaModelRunner
+from inference.worker.kv_sizing import num_kv_blocks
 from tests.conftest import assert_all_blocks_free
 
 CUDA = torch.cuda.is_available()
@@ -243,7 +243,8 @@ def test_ngram_speculation_on_the_kernel_path_keeps_greedy_outputs(mixed_layout)
                       speculative_config={"method": "ngram", "num_speculative_tokens": 4, "adaptive": False})
     ref = reference_llm(ours, max_num_batched_tokens=64)
     got = ours.generate(ps, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref.generate(ps, params, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids
+                                                     for o in ref.generate(ps, params, use_tqdm=False)]
     stats = ours.engine.speculator.stats
     assert stats.num_draft_tokens > 10 and stats.num_accepted_tokens > 0, stats
     assert_all_blocks_free(ours)
@@ -302,8 +303,8 @@ def test_cuda_prompt_longer_than_context_is_rejected_and_engine_keeps_serving():
 def test_startup_warm_up_step_writes_no_kv():
     # The CUDA runner runs the largest possible step on the live cache at startup (to reserve its
     # memory before traffic arrives); it must leave every cached K/V untouched.
-    from inference.worker.kv_sizing import run_largest_step
     from inference.loader.model_loader import load_model
+    from inference.worker.kv_sizing import run_largest_step
     config = EngineConfig.load(**{"model": "random:tiny", "device": DEVICE, **KW, "max_num_batched_tokens": 24})
     loaded = load_model(config.model)
     if DEVICE == "cpu":

@@ -13,8 +13,8 @@ import random
 import pytest
 
 from inference import LLM, SamplingParams
-from inference.core.block_manager import BlockManager
 from inference.config import CacheConfig, SchedulerConfig
+from inference.core.block_manager import BlockManager
 from inference.core.kv_tiers import KVTierIndex, KVTransfer, TransferOp
 from inference.core.scheduler import Scheduler
 from tests import factories
@@ -579,7 +579,8 @@ def test_transfer_batches_keep_the_recorded_order_s_result():
         flat = [t for _, batch in batches for t in batch]
         assert run(flat, dict(start)) == run(transfers, dict(start))
     # the block manager's pattern (evict a block, load into it) makes two batches, not 2n
-    alternating = [x for b in range(8) for x in (KVTransfer(T.DEVICE_TO_HOST, b, b), KVTransfer(T.HOST_TO_DEVICE, 8 + b, b))]
+    alternating = [x for b in range(8)
+                   for x in (KVTransfer(T.DEVICE_TO_HOST, b, b), KVTransfer(T.HOST_TO_DEVICE, 8 + b, b))]
     assert [(op, len(batch)) for op, batch in _batches(alternating)] == [(T.DEVICE_TO_HOST, 8), (T.HOST_TO_DEVICE, 8)]
 
 
@@ -590,9 +591,9 @@ def test_cuda_store_copies_blocks_bit_exactly_while_compute_runs(kernels):
     the Triton gather / scatter over every layer and with the per-tensor torch fallback."""
     import torch
 
-    from inference.worker.kv_tier_store import KVTierStore, TierSizes
     from inference.core.kv_tiers import KVTransfer
     from inference.interfaces import SchedulerOutput
+    from inference.worker.kv_tier_store import KVTierStore, TierSizes
     dev = torch.device("cuda")
     caches = [tuple(torch.randn(64, 16, 2, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
               for _ in range(3)]
@@ -630,8 +631,8 @@ def test_cuda_write_behind_runs_beside_compute_and_before_the_next_step_overwrit
     next step's compute waits for them before it may overwrite the blocks they read."""
     import torch
 
-    from inference.worker.kv_tier_store import KVTierStore, TierSizes
     from inference.interfaces import SchedulerOutput
+    from inference.worker.kv_tier_store import KVTierStore, TierSizes
     dev = torch.device("cuda")
     caches = [tuple(torch.randn(64, 16, 2, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
               for _ in range(3)]

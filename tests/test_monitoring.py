@@ -18,7 +18,8 @@ from monitoring.worker_metrics import WorkerMetrics
 
 MON = Path(__file__).resolve().parents[1] / "monitoring"
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: `make test` installs Debian's prometheus")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None,
+                                    reason="promtool missing: `make test` installs Debian's prometheus")
 PROMQL_WORDS = {"sum", "by", "rate", "increase", "histogram_quantile", "clamp_min", "max", "deriv", "and", "or",
                 "on", "group_left", "absent", "le", "up", "bool", "without", "min", "count", "vector"}
 

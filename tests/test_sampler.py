@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.worker.sampler import SamplingRow, sample
 from inference.sampling_params import SamplingParams
+from inference.worker.sampler import SamplingRow, sample
 
 PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
 

@@ -8,8 +8,15 @@ import pytest
 
 from inference.core.request import RequestStatus
 from inference.interfaces import ModelRunnerOutput
-from tests.factories import (check_block_manager, fake_step, kv_of, make_request,
-                             make_scheduler, prompt_tokens, run_to_completion)
+from tests.factories import (
+    check_block_manager,
+    fake_step,
+    kv_of,
+    make_request,
+    make_scheduler,
+    prompt_tokens,
+    run_to_completion,
+)
 
 
 def items(out):

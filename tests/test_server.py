@@ -490,7 +490,8 @@ def test_api_key_required_on_v1(tiny):
     _assert_error(info.value.response, 401)
     with pytest.raises(openai.AuthenticationError):
         tiny.client(api_key="wrong").chat.completions.create(model=TINY, messages=[{"role": "user", "content": "x"}])
-    assert tiny.client(api_key=KEY).completions.create(model=TINY, prompt="hi", max_tokens=1).usage.completion_tokens == 1
+    assert tiny.client(api_key=KEY).completions.create(model=TINY, prompt="hi",
+                                                       max_tokens=1).usage.completion_tokens == 1
     for path in ("/health", "/ready", "/metrics"):
         assert httpx.get(f"{tiny.url}{path}").status_code == 200, path
 

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from inference.worker.sampler import SamplingRow
-from inference.sampling_params import SamplingParams
 from inference.interfaces import ModelRunnerOutput
+from inference.sampling_params import SamplingParams
 from inference.spec_decode.config import SpeculativeConfig
 from inference.spec_decode.ngram import NgramProposer
 from inference.spec_decode.rejection import verify_greedy, verify_sampled
+from inference.worker.sampler import SamplingRow
 from tests.conftest import assert_all_blocks_free
 from tests.factories import check_block_manager, kv_of, make_request, make_scheduler
 
@@ -176,7 +176,8 @@ def test_sampled_outputs_follow_the_targets_distribution(llm_fp32):
     against their exact marginals, expanded from the target's top-3 log-probabilities."""
     top_k, n, temperature = 3, 300, 1.0
     # repeats (so n-gram drafts), but no certain continuation (so drafts are often rejected)
-    prompt = {"prompt_token_ids": llm_fp32.get_tokenizer().encode("Pick words: cat dog sun cat sun dog dog cat sun cat dog")}
+    prompt = {"prompt_token_ids":
+              llm_fp32.get_tokenizer().encode("Pick words: cat dog sun cat sun dog dog cat sun cat dog")}
     probe = SamplingParams(max_tokens=1, temperature=0, logprobs=top_k)
 
     def next_dist(prefixes):

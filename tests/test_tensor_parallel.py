@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from inference import LLM, SamplingParams
-from inference.models.attention import AttentionMetadata, PrefillChunk
 from inference.config import EngineConfig, ModelConfig
 from inference.loader.model_loader import load_model
 from inference.loader.weights import build_model, init_random_weights
 from inference.models.arch import ModelArch
+from inference.models.attention import AttentionMetadata, PrefillChunk
 from inference.parallel.loader import load_rank_model
 from inference.parallel.tp_transform import (
     TPPlan,
@@ -55,7 +55,8 @@ def _arch(**kw) -> ModelArch:
 @pytest.mark.parametrize("arch,world", [
     (_arch(attention_bias=True), 2),                                   # o_proj bias: added once
     (_arch(attention_bias=True), 6),                                   # 2 KV heads over 6 ranks: replicated
-    (_arch(model_type="qwen2", attention_bias=True, tie_word_embeddings=True, num_key_value_heads=3), 3),  # qkv bias, tied, vocab padded
+    # qkv bias, tied, vocab padded
+    (_arch(model_type="qwen2", attention_bias=True, tie_word_embeddings=True, num_key_value_heads=3), 3),
 ])
 def test_transform_matches_unsharded_logits(arch, world):
     full = build_model(arch, 128, torch.float32, torch.device("cpu"))

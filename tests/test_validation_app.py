@@ -58,7 +58,8 @@ def test_feedback_index_type_and_range(web, sid):
     index = web.post(f"/api/chat/sessions/{sid}/messages", json={"content": "hello"}, headers=CHAT).get_json()[
         "message_index"]
     url = f"/api/chat/sessions/{sid}/feedback"
-    for bad in (float(index), str(index), index + 1, -1, index - 1):          # a float, a string, past the end, a user turn
+    # a float, a string, past the end, a user turn
+    for bad in (float(index), str(index), index + 1, -1, index - 1):
         resp = web.post(url, json={"message_index": bad, "rating": "up"}, headers=CHAT)
         assert resp.get_json() == {"error": "message_index: must be the index of an assistant message in this session"}
     resp = web.post(url, json={"message_index": index, "rating": "up", "comment": "x" * 2001}, headers=CHAT)
@@ -79,13 +80,15 @@ def test_feedback_index_type_and_range(web, sid):
     ({"segments": {"prefix": "a", "git_url": 1}}, "segments", "segments.git_url: must be a string, got int"),
     ({"segments": {"prefix": "a"}, "temperature": 2.0000001}, "temperature",
      "temperature: must be in [0.0, 2.0], got 2.0000001"),
-    ({"segments": {"prefix": "a"}, "seed": MAX_SEED + 1}, "seed", f"seed: must be in [0, {MAX_SEED}], got {MAX_SEED + 1}"),
+    ({"segments": {"prefix": "a"}, "seed": MAX_SEED + 1}, "seed",
+     f"seed: must be in [0, {MAX_SEED}], got {MAX_SEED + 1}"),
     ({"prompt": "x", "n": 5}, "n", "n: must be in [1, 4], got 5"),
     ({"prompt": "x", "max_tokens": 513}, "max_tokens", "max_tokens: must be in [1, 512], got 513"),
     ({"prompt": "x", "top_p": 0}, "top_p", "top_p: must be in [1e-06, 1.0], got 0"),
     ({"prompt": "x", "n": 2.0}, "n", "n: must be an integer, got 2.0"),
     ({"prompt": ["a", "b"]}, "prompt", "prompt: required, a string (one prompt per request)"),
-    ({"prompt": "x", "stop": ["a", ""]}, "stop", "stop: must be a non-empty string or a list of at most 4 non-empty strings"),
+    ({"prompt": "x", "stop": ["a", ""]}, "stop",
+     "stop: must be a non-empty string or a list of at most 4 non-empty strings"),
     (["x"], None, "request body must be a JSON object"),
 ])
 def test_completion_errors_name_the_field(web, body, param, message):
@@ -104,7 +107,8 @@ def test_completion_edges_and_unknown_fields_pass():
 
 
 @pytest.mark.parametrize("body, param, message", [
-    ({"type": "select", "completion_id": "c", "select_kind": "word"}, "select_kind", "select_kind: must be 'line' when given"),
+    ({"type": "select", "completion_id": "c", "select_kind": "word"}, "select_kind",
+     "select_kind: must be 'line' when given"),
     ({"type": "view", "completion_id": ""}, "completion_id", "completion_id: required, a string"),
     ({"type": ["view"], "completion_id": "c"}, "type", "type: must be one of ['view', 'select', 'dismiss']"),
 ])
@@ -119,7 +123,8 @@ def test_repository_name_boundary(web):
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"requests": [{"prompt": "a"}, {"messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}]}]},
+    ({"requests": [{"prompt": "a"},
+                   {"messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}]}]},
      "requests[1].messages: a non-empty list of {role: system|user|assistant, content: str}"),
     ({"requests": [{"prompt": "a", "x": 1, "n": 2}]}, "requests[0]: unknown fields ['n', 'x']"),
     ({"requests": [{"role": "user", "content": "x"}]}, "requests[0]: unknown fields ['content', 'role']"),

@@ -22,7 +22,8 @@ class Turn(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     error_messages: ClassVar[Errors] = Errors(object="'{at}' must be an object")
     role: Annotated[Literal["user", "assistant"], Errors("'{at}' must be user or assistant, got {input!r}")]
-    content: Annotated[str | list[Part], Errors("'{at}' parts must be text parts", string_type="'{at}' must be a string")]
+    content: Annotated[str | list[Part],
+                       Errors("'{at}' parts must be text parts", string_type="'{at}' must be a string")]
 
 
 class Options(BaseModel):
@@ -37,9 +38,11 @@ class Req(BaseModel):
                                               extra_forbidden="unknown: {unknown_names}",
                                               finite_number="'{at}' must be a finite number",
                                               type="'{at}' must be of type {label}, got {got}")
-    count: Annotated[int | None, Field(ge=1, le=16), Errors(range="count: must be in [{lo}, {hi}], got {input!r}")] = None
+    count: Annotated[int | None, Field(ge=1, le=16),
+                     Errors(range="count: must be in [{lo}, {hi}], got {input!r}")] = None
     ratio: float | None = None
-    options: Annotated[Options | None, Errors(extra_forbidden=lambda v: f"unknown options: {sorted(v['value'])}")] = None
+    options: Annotated[Options | None,
+                       Errors(extra_forbidden=lambda v: f"unknown options: {sorted(v['value'])}")] = None
     turns: Annotated[list[Turn], Field(min_length=1), Errors("'turns' must be a non-empty list")] = [Turn(role="user",
                                                                                                            content="x")]
     key: Annotated[str | None, Field(alias="X-Key", min_length=2), Errors("X-Key: at least 2 characters")] = None
@@ -78,9 +81,11 @@ def problem(body) -> InvalidRequest:
     ({"turns": [{"role": "bot", "content": "x"}]}, "'turns[0].role' must be user or assistant, got 'bot'", "turns"),
     ({"turns": [{"role": "user", "content": 5}]}, "'turns[0].content' must be a string", "turns"),
     # a union's member that came closest speaks: the list of parts, not "must be a string"
-    ({"turns": [{"role": "user", "content": [{"kind": "image", "text": "x"}]}]}, "'turns[0].content' parts must be text parts",
+    ({"turns": [{"role": "user", "content": [{"kind": "image", "text": "x"}]}]},
+     "'turns[0].content' parts must be text parts",
      "turns"),
-    ({"turns": [{"role": "user", "content": [{"kind": "text", "text": 1}]}]}, "'turns[0].content' parts must be text parts",
+    ({"turns": [{"role": "user", "content": [{"kind": "text", "text": 1}]}]},
+     "'turns[0].content' parts must be text parts",
      "turns"),
     ({"X-Key": "a"}, "X-Key: at least 2 characters", "X-Key"),                      # by its alias, the wire name
     ({"name": "root"}, "name: root is reserved too", "name"),                      # a validator's ValueError text

@@ -34,7 +34,8 @@ SOURCES = [inspect.getsource(m) for m in (completion, knowledge_base, support_ch
 
 
 def server_timing(resp) -> dict[str, float]:
-    return {part.split(";dur=")[0].strip(): float(part.split(";dur=")[1]) for part in resp.headers["Server-Timing"].split(",")}
+    return {part.split(";dur=")[0].strip(): float(part.split(";dur=")[1])
+            for part in resp.headers["Server-Timing"].split(",")}
 
 
 def typist(url: str, who: int, bursts: int, cancel: bool, out: dict) -> None:
@@ -115,7 +116,8 @@ def main() -> None:
     print("| case | P50 | P99 | tokens computed for stale requests |\n|---|---|---|---|")
     print(f"| endpoint overhead beyond engine time (1-token completions) | {res['overhead_ms']['p50']:.2f} ms | "
           f"{res['overhead_ms']['p99']:.2f} ms | |")
-    print(f"| the same seen by the client (+ HTTP server and client) | {res['client_seen_overhead_ms']['p50']:.2f} ms | "
+    print("| the same seen by the client (+ HTTP server and client) | "
+          f"{res['client_seen_overhead_ms']['p50']:.2f} ms | "
           f"{res['client_seen_overhead_ms']['p99']:.2f} ms | |")
     for name in ("with_cancellation", "no_cancellation_peer"):
         r = res[name]

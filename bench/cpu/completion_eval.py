@@ -65,7 +65,8 @@ def line_holes(rng: random.Random, count: int, span: int) -> list[tuple[str, str
         source, fn = rng.choice(pool)
         lines = source.splitlines(keepends=True)
         body_start = fn.body[1].lineno if (isinstance(fn.body[0], ast.Expr) and len(fn.body) > 1) else fn.body[0].lineno
-        start = rng.randrange(body_start - 1, fn.end_lineno - span + 1) if fn.end_lineno - span + 1 > body_start - 1 else None
+        start = (rng.randrange(body_start - 1, fn.end_lineno - span + 1)
+                 if fn.end_lineno - span + 1 > body_start - 1 else None)
         if start is None:
             continue
         hole = lines[start:start + span]
@@ -114,9 +115,12 @@ def main() -> None:
         client.close()
     res["wall_s"] = time.perf_counter() - t0
     print("| task | n | score |\n|---|---|---|")
-    print(f"| single-line holes (stdlib) | {res['single_line']['tasks']} | exact match {res['single_line']['exact_match']:.0%} |")
-    print(f"| 3-line holes (stdlib) | {res['multi_line']['tasks']} | exact match {res['multi_line']['exact_match']:.0%} |")
-    print(f"| whole function bodies | {len(BODY_TASKS)} | unit tests pass {res['function_body']['unit_test_pass_rate']:.0%} |")
+    print(f"| single-line holes (stdlib) | {res['single_line']['tasks']} | "
+          f"exact match {res['single_line']['exact_match']:.0%} |")
+    print(f"| 3-line holes (stdlib) | {res['multi_line']['tasks']} | "
+          f"exact match {res['multi_line']['exact_match']:.0%} |")
+    print(f"| whole function bodies | {len(BODY_TASKS)} | "
+          f"unit tests pass {res['function_body']['unit_test_pass_rate']:.0%} |")
     write_result(args.out, res)
 
 

@@ -214,7 +214,7 @@ def main() -> None:
     print("batch1_decode = (N-1)/(t(N)-t(1)); concurrent16 = useful output tokens / wall time of the call")
 
     result = {
-        "bench": "cpu_engine", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "bench": "cpu_engine", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git_commit": git_commit(), "quick": args.quick, "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(),
         "cpu_model": cpu_model(), "num_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),

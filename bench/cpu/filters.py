@@ -62,7 +62,8 @@ def main() -> None:
     print(f"| StreamGuard, 4-char pieces, {mb:.2f} MB | {res['stream_MBps']:.2f} MB/s |")
     print(f"| sanitize() whole text | {res['whole_text_MBps']:.2f} MB/s |")
     for kb in (2, 8):
-        print(f"| {kb} KB reply: ours / naive rescan | {res[f'ours_{kb}KB_ms']:.1f} / {res[f'naive_{kb}KB_ms']:.1f} ms |")
+        print(f"| {kb} KB reply: ours / naive rescan | "
+              f"{res[f'ours_{kb}KB_ms']:.1f} / {res[f'naive_{kb}KB_ms']:.1f} ms |")
     write_result(args.out, res)
 
 

@@ -24,10 +24,10 @@ import torch  # noqa: E402
 
 from bench.harness import result_path, write_result  # noqa: E402
 from inference.config import EngineConfig  # noqa: E402
-from inference.worker.cuda_runner import CudaModelRunner  # noqa: E402
 from inference.llm import LLM  # noqa: E402
-from inference.worker.kv_sizing import num_kv_blocks  # noqa: E402
 from inference.sampling_params import SamplingParams  # noqa: E402
+from inference.worker.cuda_runner import CudaModelRunner  # noqa: E402
+from inference.worker.kv_sizing import num_kv_blocks  # noqa: E402
 
 
 class StubModel(torch.nn.Module):

@@ -187,9 +187,9 @@ def copy_bench(args) -> dict:
 
     import torch
 
-    from inference.worker import kv_tier_store as new_mod
     from inference.core.kv_tiers import KVTransfer, TransferOp
     from inference.core.scheduler import SchedulerOutput
+    from inference.worker import kv_tier_store as new_mod
     dev = torch.device("cuda")
     cfg = preset_config(args.model.removeprefix("random:"))
     layers, kvh = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
@@ -203,7 +203,8 @@ def copy_bench(args) -> dict:
     def ceiling(host, label):
         d = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
         h = host.view(-1)[:256 << 20]
-        for name, fn in (("h2d", lambda: d.copy_(h, non_blocking=True)), ("d2h", lambda: h.copy_(d, non_blocking=True))):
+        for name, fn in (("h2d", lambda: d.copy_(h, non_blocking=True)),
+                         ("d2h", lambda: h.copy_(d, non_blocking=True))):
             ts = []
             for _ in range(6):
                 torch.cuda.synchronize()
@@ -373,9 +374,10 @@ def main() -> None:
     args.active = args.active or max(1, args.sessions // 4)
     args.kv_blocks = args.kv_blocks or max(min_blocks, int(1.25 * args.active * blocks_per_session))
     swap = args.swap_space or round(1.2 * args.sessions * blocks_per_session * args.block_bytes / 2**30, 3)
-    print(f"{args.model} on {args.device}: {args.sessions} sessions ({args.active} active) x {args.turns} turns, last turn "
-          f"~{final_len} tokens; device pool {args.kv_blocks} blocks ({args.kv_blocks * args.block_bytes / 2**30:.2f} "
-          f"GiB) vs {args.sessions * blocks_per_session} needed; host tier {swap} GiB", flush=True)
+    print(f"{args.model} on {args.device}: {args.sessions} sessions ({args.active} active) x {args.turns} turns, "
+          f"last turn ~{final_len} tokens; device pool {args.kv_blocks} blocks "
+          f"({args.kv_blocks * args.block_bytes / 2**30:.2f} GiB) vs {args.sessions * blocks_per_session} needed; "
+          f"host tier {swap} GiB", flush=True)
 
     if args.copy_bench:
         report = {"bench": "kv_tiers_copy", "commit": git_commit(),
@@ -406,8 +408,8 @@ def main() -> None:
         print(f"  {name}: engine ready in {time.perf_counter() - t:.1f} s", flush=True)
         results[name] = run_chat(llm, args, seed=1)
         r = results[name]
-        print(f"  {name}: later-turn TTFT mean {r['later_ttft_mean_ms']:.1f} ms, prefill {r['prefill_tokens_computed']} "
-              f"tokens, {r['wall_s']:.1f} s", flush=True)
+        print(f"  {name}: later-turn TTFT mean {r['later_ttft_mean_ms']:.1f} ms, "
+              f"prefill {r['prefill_tokens_computed']} tokens, {r['wall_s']:.1f} s", flush=True)
         del llm
         gc.collect()
         if cuda:
@@ -439,8 +441,10 @@ def main() -> None:
                   f"{rs['prefill_tokens']:12.3f} {rs['wall']:7.3f}")
     for name, r in results.items():
         b = r["breakdown"]
-        print(f"{name:26} later queue {b['later_queue_mean_ms'] or 0:.1f} ms; steps {r['steps']} ({b['step_ms_mean']:.2f} ms), "
-              f"with transfers waited for {b['steps_with_transfers']} ({b['step_ms_mean_with_transfers'] or 0:.2f} ms); "
+        print(f"{name:26} later queue {b['later_queue_mean_ms'] or 0:.1f} ms; "
+              f"steps {r['steps']} ({b['step_ms_mean']:.2f} ms), "
+              f"with transfers waited for {b['steps_with_transfers']} "
+              f"({b['step_ms_mean_with_transfers'] or 0:.2f} ms); "
               f"apply host {b['apply_host_s']:.2f} s" +
               (f"; loads {b['loads']}, offloads on eviction {b['offloads_on_evict']}, written behind "
                f"{b['write_behind']}" if "loads" in b else "") +

@@ -21,11 +21,11 @@ import torch
 from bench.harness import git_commit, result_path, write_result
 from inference.config import ModelConfig
 from inference.loader.model_loader import load_model
+from inference.models.norm_folding import fold_norm_weights
 from inference.quantization.calibration import forward_logits, stdlib_windows
 from inference.quantization.config import QuantConfig
 from inference.quantization.fp8 import fp8_quantize_model
 from inference.quantization.sparsity import sparsify_model
-from inference.models.norm_folding import fold_norm_weights
 from inference.quantization.transform import quantize_model
 
 VARIANTS = {                                     # name -> QuantConfig
@@ -139,7 +139,8 @@ def main() -> None:
         commits = {**old.get("row_commits", {n: old["commit"] for n in old["results"]}), **commits}
         rows = {**old["results"], **rows}
     res = {"model": args.model, "commit": git_commit(), "row_commits": commits, "python": platform.python_version(),
-           "torch": torch.__version__, "windows": args.windows, "calib_windows": args.calib, "seq_len": args.seq_len, "targets": TARGETS, "results": rows,
+           "torch": torch.__version__, "windows": args.windows, "calib_windows": args.calib, "seq_len": args.seq_len,
+           "targets": TARGETS, "results": rows,
            "note": "SmolLM2's only shipped weights are a Q4_1 GGUF (4-bit, group 32, float min): the fp32 "
                    "peer is that model dequantized, so every 4-bit variant re-quantizes 4-bit weights onto "
                    "another grid (integer zero points, other groups)"}

@@ -47,8 +47,8 @@ CLK = os.sysconf("SC_CLK_TCK")
 
 def prompt_text_ids(model: str) -> list[int]:
     """Token ids of real text for `model`: its HF tokenizer, or the byte tokenizer of a random model."""
-    from inference.loader.model_loader import resolve_model_dir
     from inference.core.tokenizer import ByteTokenizer, HFTokenizer
+    from inference.loader.model_loader import resolve_model_dir
     path = resolve_model_dir(model)
     if path is not None:
         return real_text_ids(HFTokenizer(path).hf)
@@ -102,7 +102,7 @@ class HTTPSide:
 
 class InProcSide:
     def __init__(self, model: str, dtype: str | None):
-        from inference import OnlineEngine                # built in a worker thread, as the server does: on this
+        from inference import OnlineEngine  # built in a worker thread, as the server does: on this
         with ThreadPoolExecutor(1) as pool:                # box an engine built in the main thread decodes ~30% slower
             self.eng = pool.submit(OnlineEngine, model, **({"dtype": dtype} if dtype else {})).result()
 
@@ -313,7 +313,7 @@ def main() -> None:
         print(f"WARNING: {bad} failed requests or outputs of the wrong length")
 
     result = {
-        "bench": "serve", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "bench": "serve", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git_commit": git_commit(), "quick": args.quick, "torch": torch.__version__, "python": sys.version.split()[0],
         "cpu_model": cpu_model(), "num_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "params": {k: v for k, v in vars(args).items() if k != "out"},

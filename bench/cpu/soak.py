@@ -87,7 +87,8 @@ class Load:
                 self.turns += 1
                 question = self.rng.choice(QUESTIONS)
             if sid is None:
-                sid = self.http.post(f"{self.base}/api/chat/sessions", headers=CHAT_KEY, timeout=60).json()["session_id"]
+                sid = self.http.post(f"{self.base}/api/chat/sessions", headers=CHAT_KEY,
+                                     timeout=60).json()["session_id"]
                 with self.lock:
                     self.session = sid
             resp = self.http.post(f"{self.base}/api/chat/sessions/{sid}/messages", headers=CHAT_KEY,
@@ -148,7 +149,8 @@ def run(args) -> dict:
         "model": args.model, "duration_s": round(elapsed, 1), "warmup_s": warmup, "rate": args.rate, "requests": sent,
         "statuses": load.statuses, "errors": len(load.errors), "first_errors": load.errors[:5],
         "chat_p50_s": nearest_rank(steady["chat"], 0.5), "chat_p99_s": nearest_rank(steady["chat"], 0.99),
-        "completion_p50_s": nearest_rank(steady["completion"], 0.5), "completion_p99_s": nearest_rank(steady["completion"], 0.99),
+        "completion_p50_s": nearest_rank(steady["completion"], 0.5),
+        "completion_p99_s": nearest_rank(steady["completion"], 0.99),
         "warmup_p99_s": nearest_rank(cold, 0.99),
         "rss_first_mb": first / 2**20, "rss_last_mb": last / 2**20, "rss_growth_mb": (last - first) / 2**20,
         "kv_blocks_used_at_end": bm.num_blocks - bm.num_free_blocks, "unfinished_at_end": engine.num_unfinished,

@@ -114,8 +114,8 @@ def step_cost(args, ks=(0, 1, 2, 4, 8)) -> dict:
     from inference.core.request import Request, RequestStatus
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len)
     eng = llm.engine
-    req = Request("cost", [3 + i % (eng.arch.vocab_size - 3) for i in range(1000, 1600)], SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True),
-                  None, 2000)
+    req = Request("cost", [3 + i % (eng.arch.vocab_size - 3) for i in range(1000, 1600)],
+                  SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True), None, 2000)
     eng.scheduler.add_request(req)
 
     def one_step(drafts):

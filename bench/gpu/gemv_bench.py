@@ -91,7 +91,8 @@ def quant_sweep(converts: list[int], tiles: list[tuple[int, int, int]], bit_widt
             qw0, s0, z0, gl = packs[0][:4]
             nbytes = qw0.numel() + 8 * s0.numel()
             x = torch.randn(1, k, generator=gen, device="cuda", dtype=torch.bfloat16)
-            deq = (unpacked_codes(qw0, bits, k).float() - z0.repeat_interleave(gl, 1)[:, :k]) * s0.repeat_interleave(gl, 1)[:, :k]
+            deq = ((unpacked_codes(qw0, bits, k).float() - z0.repeat_interleave(gl, 1)[:, :k])
+                   * s0.repeat_interleave(gl, 1)[:, :k])
             ref = x.float() @ deq.t()
             deq = None
             bf16 = [p[4] for p in packs]
@@ -152,7 +153,8 @@ def quant_sweep(converts: list[int], tiles: list[tuple[int, int, int]], bit_widt
             log(f"  int{bits} {name:8s} " + "  ".join(f"{cells[c]:6.1f}" if c in cells else "   n/a" for c in converts))
     for key, prof in profiles.items():
         log(f"  {key}: regs {prof.get('n_regs')} spills {prof.get('n_spills')} "
-            + (" ".join(f"{op}={c}" for op, c in prof["sass"].items() if c) if "sass" in prof else prof.get("sass_error", "")))
+            + (" ".join(f"{op}={c}" for op, c in prof["sass"].items() if c) if "sass" in prof
+               else prof.get("sass_error", "")))
     return done
 
 
@@ -292,7 +294,8 @@ def pdl_chains() -> list[dict]:
     launch: what PDL saves per kernel boundary."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     layers = [{name: quantized_copies(n, k, 8, 1, gen)[0][:4] for name, (n, k) in SHAPES.items()} for _ in range(32)]
-    xs = {name: torch.randn(1, k, generator=gen, device="cuda", dtype=torch.bfloat16) for name, (n, k) in SHAPES.items()}
+    xs = {name: torch.randn(1, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+          for name, (n, k) in SHAPES.items()}
     h = torch.randn(1, 4096, generator=gen, device="cuda", dtype=torch.bfloat16)
     res, w = torch.randn_like(h), torch.randn(4096, generator=gen, device="cuda", dtype=torch.bfloat16)
     bf16 = [{name: torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -328,13 +331,15 @@ def main() -> None:
     ap.add_argument("--converts", default="0,1,2,3", help="quant: inference/kernels/quant_gemv.py CONVERT values")
     ap.add_argument("--bits", default="8,4", help="quant: formats")
     ap.add_argument("--tiles", default=None,
-                    help="bf16 / fp8 / quant: BLOCK_N/BLOCK_K/warps list, e.g. 16/1024/4,8/512/2 (default: TILES / QUANT_TILES)")
+                    help="bf16 / fp8 / quant: BLOCK_N/BLOCK_K/warps list, e.g. 16/1024/4,8/512/2 "
+                         "(default: TILES / QUANT_TILES)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     res = gpu_env()
     given = [tuple(int(v) for v in t.split("/")) for t in args.tiles.split(",")] if args.tiles else None
     for name, fn in (("pdl", pdl_chains), ("bf16", lambda: bf16_sweep(given or TILES)),
-                     ("fp8", lambda: fp8_sweep(given or QUANT_TILES)), ("fused", lambda: fused_sweep(given or FUSED_TILES))):
+                     ("fp8", lambda: fp8_sweep(given or QUANT_TILES)),
+                     ("fused", lambda: fused_sweep(given or FUSED_TILES))):
         if name not in sections:
             continue
         res[name] = fn()

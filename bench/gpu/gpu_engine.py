@@ -197,7 +197,7 @@ def main() -> None:
     import triton
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
                  "transformers": transformers.__version__, "commit": git_commit(),
-                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                  "args": vars(args), "targets": TARGETS, "models": {}}
     log(f"{res['gpu']} torch {res['torch']} triton {res['triton']} commit {res['commit']}")
     copy_bw = 4.28e12

@@ -32,11 +32,11 @@ from bench.engine_runs import decode_rate as request_decode_rate
 from bench.engine_runs import profile_replay, throughput_bench
 from bench.harness import copy_bandwidth, gpu_env, log, rel_err, timed, write_result
 from bench.workloads import random_prompts
-from inference.models.moe import experts_reference, route
 from inference.kernels.fused_moe import MOE_GEMV_MAX_TOKENS, choose_config, fused_experts
 from inference.kernels.moe_routing import fused_route
+from inference.models.moe import experts_reference, route
 
-H, I, E, K = 4096, 14336, 8, 2
+H, INTER, E, K = 4096, 14336, 8, 2
 MATMUL_FLOPS = 782e12       # bf16, measured on this machine kind (DESIGN §4, a document not in this repo)
 SWEEP = [(16, 64, 32, 4, 3), (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4),
          (64, 128, 64, 4, 4), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4),
@@ -46,8 +46,8 @@ SWEEP = [(16, 64, 32, 4, 3), (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64,
 def layer_bench(batches: list[int], copy_bw: float, device: str = "cuda", dtype=torch.bfloat16) -> dict:
     """(device / dtype: the CPU interpreter at small H / I checks this function's logic)"""
     gen = torch.Generator(device=device).manual_seed(0)
-    w13 = (torch.randn(E, 2 * I, H, generator=gen, device=device) * H ** -0.5).to(dtype)
-    w2 = (torch.randn(E, H, I, generator=gen, device=device) * I ** -0.5).to(dtype)
+    w13 = (torch.randn(E, 2 * INTER, H, generator=gen, device=device) * H ** -0.5).to(dtype)
+    w2 = (torch.randn(E, H, INTER, generator=gen, device=device) * INTER ** -0.5).to(dtype)
     gate = (torch.randn(E, H, generator=gen, device=device) * 0.02).to(dtype)
     rows = []
     for t in batches:
@@ -60,7 +60,7 @@ def layer_bench(batches: list[int], copy_bw: float, device: str = "cuda", dtype=
             if sel.any():
                 tok, slot = sel.nonzero(as_tuple=True)
                 hh = x[tok].float() @ w13[e].float().T
-                ref.index_add_(0, tok, (torch.nn.functional.silu(hh[:, :I]) * hh[:, I:]) @ w2[e].float().T
+                ref.index_add_(0, tok, (torch.nn.functional.silu(hh[:, :INTER]) * hh[:, INTER:]) @ w2[e].float().T
                                * weights[tok, slot, None])
         case = (x, w13, w2, weights, ids)
         fused = fused_experts(*case)
@@ -68,9 +68,10 @@ def layer_bench(batches: list[int], copy_bw: float, device: str = "cuda", dtype=
         t_fused = timed(lambda case=case: fused_experts(*case), reps=10)
         t_loop = timed(lambda case=case: experts_reference(*case), reps=10)
         used = len(set(ids.flatten().tolist()))
-        nbytes = used * 3 * H * I * 2
-        floor = max(nbytes / copy_bw, 2 * t * K * 3 * H * I / MATMUL_FLOPS)
-        row = {"batch": t, "experts_used": used, "default_path": "gemv" if t <= MOE_GEMV_MAX_TOKENS else str(choose_config(t, K, E)),
+        nbytes = used * 3 * H * INTER * 2
+        floor = max(nbytes / copy_bw, 2 * t * K * 3 * H * INTER / MATMUL_FLOPS)
+        row = {"batch": t, "experts_used": used,
+               "default_path": "gemv" if t <= MOE_GEMV_MAX_TOKENS else str(choose_config(t, K, E)),
                "fused_ms": t_fused * 1e3, "loop_ms": t_loop * 1e3, "speedup_vs_loop": t_loop / t_fused,
                "floor_ms": floor * 1e3, "fused_fraction_of_floor": floor / t_fused,
                "loop_over_floor": t_loop / floor, "fused_TBps": nbytes / t_fused / 1e12,
@@ -105,7 +106,8 @@ def layer_bench(batches: list[int], copy_bw: float, device: str = "cuda", dtype=
         with torch.cuda.graph(g):
             layer()
         graph[t] = {"graph_ms": timed(g.replay, reps=20) * 1e3, "eager_ms": timed(layer, reps=20) * 1e3}
-        log(f"layer bs={t} router + experts: graph replay {graph[t]['graph_ms']:.3f} ms, eager {graph[t]['eager_ms']:.3f} ms")
+        log(f"layer bs={t} router + experts: graph replay {graph[t]['graph_ms']:.3f} ms, "
+            f"eager {graph[t]['eager_ms']:.3f} ms")
     return {"rows": rows, "router_and_experts": graph}
 
 
@@ -145,7 +147,8 @@ def decode_bench(llm, copy_bw: float, n_tokens: int) -> dict:
     active = active_weight_bytes(llm.engine.runner.model, arch)
     kv = arch.kv_bytes_per_token(2) * (128 + n_tokens / 2)
     roofline = copy_bw / (active + kv)
-    out = {"tok_per_s": rate, "all_reps": rates, "roofline_tok_per_s": roofline, "fraction_of_roofline": rate / roofline,
+    out = {"tok_per_s": rate, "all_reps": rates, "roofline_tok_per_s": roofline,
+           "fraction_of_roofline": rate / roofline,
            "active_weight_bytes": active, "kv_bytes_per_step": kv, "copy_bw_GBps": copy_bw / 1e9}
     graphs = getattr(llm.engine.runner, "graphs", {})
     if 1 in graphs:
@@ -197,7 +200,8 @@ def threshold_bench(llm, thresholds: list[float]) -> dict:
                        mean_matching_prefix=statistics.mean(prefix) / len(base[0][0].token_ids),
                        mean_abs_logprob_drift=statistics.mean(drift) if drift else None,
                        max_abs_logprob_drift=max(drift) if drift else None)
-        log(f"threshold {th:.2f}: bs1 {rate:.1f} tok/s, bs8 {bs8:.0f} tok/s, skipped {row.get('skipped_fraction', 0):.1%}, "
+        log(f"threshold {th:.2f}: bs1 {rate:.1f} tok/s, bs8 {bs8:.0f} tok/s, "
+            f"skipped {row.get('skipped_fraction', 0):.1%}, "
             f"greedy agreement {row.get('token_agreement', 1):.1%}, logprob drift {row.get('mean_abs_logprob_drift')}")
         rows.append(row)
     set_router_threshold(model, 0.0)
@@ -244,7 +248,8 @@ def main() -> int:
     llm = LLM("random:mixtral-8x7b", device="cuda", dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.92,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=False, quantization=args.quantization)
-    out["engine"] = {"startup_s": time.perf_counter() - t0, "quantization": args.quantization, "num_kv_blocks": llm.engine.runner.num_blocks,
+    out["engine"] = {"startup_s": time.perf_counter() - t0, "quantization": args.quantization,
+                     "num_kv_blocks": llm.engine.runner.num_blocks,
                      "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "enable_prefix_caching": False}
     log(f"random:mixtral-8x7b up in {out['engine']['startup_s']:.1f} s, {llm.engine.runner.num_blocks} KV blocks")

@@ -25,10 +25,10 @@ from bench.engine_runs import decode_bench as engine_decode_bench
 from bench.engine_runs import step_bytes, throughput_bench
 from bench.harness import gpu_env, graph_time, log, result_path, timed, write_result
 from bench.workloads import SHAPES, quantized_copies
-from inference.quantization.config import QuantConfig
-from inference.quantization.int_quant import pack_int4, quantize_rtn
 from inference.kernels.quant_gemv import quant_gemv
 from inference.kernels.quant_matmul import quant_matmul
+from inference.quantization.config import QuantConfig
+from inference.quantization.int_quant import pack_int4, quantize_rtn
 
 # The decode roofline's copy bandwidth: a fixed H200 figure (DESIGN §4, a document not in this
 # repo), not measured in the run; the in-run ceilings in the journal read 4.16-4.26 TB/s.
@@ -195,7 +195,7 @@ def decode_bench(formats: list[str], n_tokens: int) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
     base = out.get("bf16", {}).get("tok_s")
-    for fmt, r in out.items():
+    for _fmt, r in out.items():
         if base and "tok_s" in r:
             r["vs_bf16"] = r["tok_s"] / base
     return out
@@ -237,7 +237,8 @@ def main() -> None:
         res["kernels"] = kernel_bench([int(m) for m in args.ms.split(",")])
     if "tiles" in sections:
         res["tiles"] = tile_sweep()
-    for name, fn in (("gemv", lambda: gemv_bench([int(b) for b in args.gemv_bits.split(",")])), ("decode", lambda: decode_bench(args.formats.split(","), args.decode_tokens)),
+    for name, fn in (("gemv", lambda: gemv_bench([int(b) for b in args.gemv_bits.split(",")])),
+                     ("decode", lambda: decode_bench(args.formats.split(","), args.decode_tokens)),
                      ("throughput", lambda: throughput(args.throughput.split(","), args.num_requests))):
         if name in sections:
             res[name] = fn()

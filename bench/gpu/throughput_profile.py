@@ -122,8 +122,9 @@ def main() -> None:
     ap.add_argument("--variants", default="bf16/auto,fp8/auto,fp8/fp8_e4m3")
     ap.add_argument("--num-requests", type=int, default=1000)
     ap.add_argument("--plain", action="store_true", help="wall time only, no profiled pass")
-    ap.add_argument("--fp8-attn", default=None, help="warps/stages of the float8-cache decode attention, e.g. 4/1 "
-                                                     "(an A/B against inference.kernels.decode_attention.FP8_WARPS_STAGES)")
+    ap.add_argument("--fp8-attn", default=None,
+                    help="warps/stages of the float8-cache decode attention, e.g. 4/1 "
+                         "(an A/B against inference.kernels.decode_attention.FP8_WARPS_STAGES)")
     args = ap.parse_args()
     import inference.kernels.decode_attention as decode_attention_module
     if args.fp8_attn:

@@ -27,12 +27,12 @@ import traceback
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_k, _v)
 
-import torch
+import torch  # noqa: E402
 
-from bench.harness import copy_bandwidth, result_path, tagged_log, write_result
-from inference import LLM, SamplingParams
-from inference.loader.presets import preset_config
-from inference.models.arch import ModelArch
+from bench.harness import copy_bandwidth, result_path, tagged_log, write_result  # noqa: E402
+from inference import LLM, SamplingParams  # noqa: E402
+from inference.loader.presets import preset_config  # noqa: E402
+from inference.models.arch import ModelArch  # noqa: E402
 
 SECTIONS = {"7b": ("llama-2-7b", (1, 2, 4)), "70b": ("llama-2-70b", (2, 4, 8))}
 PROMPT, DECODE, THROUGHPUT_REQS, THROUGHPUT_LEN = 128, 256, 256, 128

@@ -33,7 +33,7 @@ def _mha_vector_kernel(Q, K_CACHE, V_CACHE, BLOCK_TABLES, CONTEXT_LENS, OUT, sca
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * stride_qt + h * stride_qh + d).to(tl.float32)
     m = float("-inf")
-    l = 0.0
+    l_sum = 0.0
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     table = BLOCK_TABLES + b * stride_bt
     for n0 in range(0, ctx, BLOCK_N):
@@ -48,10 +48,10 @@ def _mha_vector_kernel(Q, K_CACHE, V_CACHE, BLOCK_TABLES, CONTEXT_LENS, OUT, sca
         m_new = tl.maximum(m, tl.max(s, 0))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new)
-        l = l * alpha + tl.sum(p, 0)
+        l_sum = l_sum * alpha + tl.sum(p, 0)
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         m = m_new
-    tl.store(OUT + b * stride_ot + h * stride_oh + d, (acc / l).to(OUT.dtype.element_ty))
+    tl.store(OUT + b * stride_ot + h * stride_oh + d, (acc / l_sum).to(OUT.dtype.element_ty))
 
 
 def mha_vector(q, k, v, tables, lens, scale, out, block_n, warps, stages):

@@ -222,7 +222,8 @@ def section(bits: int, res: dict, gen, out: Path) -> None:
         x = outlier_x(k, gen)
         qw0, s0, z0, gl = packs[0][:4]
         codes = qw0 if bits == 8 else torch.stack([qw0 & 0xF, qw0 >> 4], -1).reshape(n, -1)
-        ref = x.float() @ ((codes.float() - z0.repeat_interleave(gl, 1)[:, :k]) * s0.repeat_interleave(gl, 1)[:, :k]).t()
+        ref = x.float() @ ((codes.float() - z0.repeat_interleave(gl, 1)[:, :k])
+                           * s0.repeat_interleave(gl, 1)[:, :k]).t()
         row = {"n": n, "k": k, "bytes": nbytes,
                "bf16_us": graph_time(lambda i: gemv(x, packs[i][4]), copies) * 1e6,
                "today_us": graph_time(lambda i: quant_gemv(x, *packs[i][:3], bits, gl), copies) * 1e6,

@@ -19,10 +19,10 @@ import time
 import torch
 
 from bench.harness import result_path, write_result
-from inference.llm import LLM
-from inference.models.triton_layers import KernelAttentionMetadata
 from inference.kernels.decode_attention import choose_num_splits
 from inference.kernels.rms_norm import rms_norm
+from inference.llm import LLM
+from inference.models.triton_layers import KernelAttentionMetadata
 
 SHAPES = ((0, 512), (64, 256), (64, 512), (64, 1024), (256, 768), (128, 0))
 

@@ -8,8 +8,8 @@ string is held back until it cannot, so a stream never shows a partial stop stri
 """
 from __future__ import annotations
 
-from inference.sampling_params import SamplingParams
 from inference.core.tokenizer import Tokenizer
+from inference.sampling_params import SamplingParams
 
 # Prompt tokens decoded as context before the first output token.
 _CONTEXT = 5

@@ -10,19 +10,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from inference.core.block_manager import BlockManager
 from inference.config import EngineConfig
+from inference.core.block_manager import BlockManager
+from inference.core.output_processor import RequestState, child_id, now
+from inference.core.request import Request, RequestStatus
+from inference.core.scheduler import Scheduler
+from inference.core.stats import EngineStats, FinishedRequestStats, IterationStats
+from inference.interfaces import SchedulerOutput, StepHandle
 from inference.loader.model_loader import load_model
+from inference.outputs import StreamDelta
+from inference.sampling_params import SamplingParams
 from inference.worker.kv_tier_store import tier_index_for
 from inference.worker.runner_factory import build_runner
-from inference.interfaces import StepHandle
-from inference.core.output_processor import RequestState, child_id, now
-from inference.outputs import StreamDelta
-from inference.core.request import Request, RequestStatus
-from inference.sampling_params import SamplingParams
-from inference.core.scheduler import Scheduler
-from inference.interfaces import SchedulerOutput
-from inference.core.stats import EngineStats, FinishedRequestStats, IterationStats
 
 PromptType = str | dict[str, Any]
 

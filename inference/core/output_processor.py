@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 from inference.core.detokenizer import IncrementalDetokenizer
+from inference.core.tokenizer import Tokenizer
 from inference.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
-from inference.core.tokenizer import Tokenizer
 
 
 def child_id(request_id: str, index: int, n: int) -> str:

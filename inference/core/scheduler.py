@@ -18,8 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from inference.core.block_manager import BlockManager
 from inference.config import SchedulerConfig
+from inference.core.block_manager import BlockManager
 from inference.core.kv_tiers import KVTierStats
 from inference.core.request import Request, RequestStatus
 from inference.interfaces import ModelRunnerOutput, ScheduledRequest, SchedulerOutput

@@ -201,10 +201,12 @@ def norm_stats(x: torch.Tensor, stats: torch.Tensor, pdl: bool | None = None) ->
     m, k = x.shape
     _check(stats.dim() == 3 and stats.shape[1:] == (m, STATS_LANES) and stats.dtype == torch.float64
            and stats.is_contiguous() and stats.device == x.device,
-           f"stats must be contiguous fp64 [S, {m}, {STATS_LANES}] on {x.device}, got {stats.dtype} {list(stats.shape)}")
+           f"stats must be contiguous fp64 [S, {m}, {STATS_LANES}] on {x.device}, "
+           f"got {stats.dtype} {list(stats.shape)}")
     pdl = use_pdl(x, pdl)
     _norm_stats_kernel[(m,)](x, stats, x.stride(0), m, k, stats.shape[0], BLOCK=triton.next_power_of_2(k),
-                             SLOTS=triton.next_power_of_2(stats.shape[0]), LANES=STATS_LANES, PDL=pdl, num_warps=4, **pdl_options(pdl))
+                             SLOTS=triton.next_power_of_2(stats.shape[0]), LANES=STATS_LANES, PDL=pdl, num_warps=4,
+                             **pdl_options(pdl))
     return stats
 
 
@@ -278,7 +280,8 @@ def gemv_rope_kv(x: torch.Tensor, w: GemvWeight, stats_in: torch.Tensor, eps: fl
            f"{n} qkv rows are not {rope.num_heads} + 2 x {rope.num_kv_heads} heads")
     d = n // heads
     _check(d % 2 == 0 and tuple(rope.k_cache.shape[2:]) == (rope.num_kv_heads, d)
-           and rope.v_cache.shape == rope.k_cache.shape and rope.k_cache.is_contiguous() and rope.v_cache.is_contiguous()
+           and rope.v_cache.shape == rope.k_cache.shape
+           and rope.k_cache.is_contiguous() and rope.v_cache.is_contiguous()
            and supports_cache(rope.k_cache) and rope.v_cache.dtype == rope.k_cache.dtype,
            f"caches [blocks, block_size, {rope.num_kv_heads}, {d}] contiguous, one supported dtype; got "
            f"{list(rope.k_cache.shape)} {rope.k_cache.dtype} / {list(rope.v_cache.shape)} {rope.v_cache.dtype}")

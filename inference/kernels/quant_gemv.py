@@ -350,7 +350,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int] | None = 
                          f"got {tuple(x.shape)} / {tuple(weight.shape)}")
     k = x.shape[1]
     if weight.shape[1] != k or weight.dtype != x.dtype or weight.device != x.device:
-        raise ValueError(f"gemv: weight {tuple(weight.shape)} {weight.dtype} does not take x {tuple(x.shape)} {x.dtype}")
+        raise ValueError(f"gemv: weight {tuple(weight.shape)} {weight.dtype} "
+                         f"does not take x {tuple(x.shape)} {x.dtype}")
     return _stream(x, GemvWeight.plain(weight), tiles, num_warps, pdl)
 
 
@@ -368,7 +369,8 @@ def gemv_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, tiles: 
     if (weight.dtype != torch.float8_e4m3fn or x.dtype not in (torch.bfloat16, torch.float16)
             or x.shape[1] != k or scale.numel() != n or scale.dtype != torch.float32 or not scale.is_contiguous()):
         raise ValueError(f"gemv_fp8: want x [M, {k}] bf16/fp16, an e4m3 weight [N, K] and {n} contiguous fp32 scales; "
-                         f"got x {tuple(x.shape)} {x.dtype}, weight {weight.dtype}, scale {tuple(scale.shape)} {scale.dtype}")
+                         f"got x {tuple(x.shape)} {x.dtype}, weight {weight.dtype}, "
+                         f"scale {tuple(scale.shape)} {scale.dtype}")
     return _stream(x, GemvWeight.e4m3(weight, scale), tiles, num_warps, pdl)
 
 

@@ -40,7 +40,8 @@ def f16_dot(q: torch.Tensor, cache: torch.Tensor) -> bool:
 def check_paged_attention_inputs(name: str, q: torch.Tensor, k_cache: torch.Tensor,
                                  v_cache: torch.Tensor) -> tuple[int, int, int, int]:
     """Shared checks of the attention wrappers: q [T, H, D] (last dim contiguous) and equal paged
-    caches [NB, BS, Hkv, D] of q's dtype, or float8 e4m3 (upcast to q's dtype as tiles load). Returns (num_heads, head_dim, block_size, num_kv_heads)."""
+    caches [NB, BS, Hkv, D] of q's dtype, or float8 e4m3 (upcast to q's dtype as tiles load).
+    Returns (num_heads, head_dim, block_size, num_kv_heads)."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"{name}: want q [T, H, D] and equal caches [NB, BS, Hkv, D]; got "
                          f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")

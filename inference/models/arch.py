@@ -102,7 +102,7 @@ class ModelArch:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelArch":
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelArch:
         model_type = cfg.get("model_type", "llama")
         if cfg.get("mlp_bias"):
             raise ValueError("mlp_bias: MLP projections with bias are not supported")
@@ -119,7 +119,8 @@ class ModelArch:
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         moe: dict[str, Any] = {}
         if model_type == "mixtral":
-            moe = dict(num_experts=cfg.get("num_local_experts", 0), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
+            moe = dict(num_experts=cfg.get("num_local_experts", 0),
+                       num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
                        moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)
         elif model_type == "qwen2_moe":
             moe = dict(num_experts=cfg.get("num_experts", 0), num_experts_per_tok=cfg.get("num_experts_per_tok", 0),

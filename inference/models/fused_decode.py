@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from inference.models.llama import LlamaForCausalLM, LlamaMLP
-from inference.models.triton_rope import TritonRope
 from inference.kernels.gemv_fused import (
     STATS_LANES,
     GemvWeight,
@@ -27,6 +25,8 @@ from inference.kernels.gemv_fused import (
 )
 from inference.kernels.rms_norm import rms_norm
 from inference.kernels.rotary_kv_cache import supports_cache
+from inference.models.llama import LlamaForCausalLM, LlamaMLP
+from inference.models.triton_rope import TritonRope
 
 
 def _gemv(linear, dtype: torch.dtype) -> GemvWeight | None:
@@ -51,7 +51,8 @@ def fused_decode_plan(model: LlamaForCausalLM) -> bool:
 
 def takes_fused_decode(input_ids: torch.Tensor, kv_caches, rope) -> bool:
     """This step: one token, a cache the fused KV write handles, the kernel RoPE."""
-    return input_ids.shape[0] == 1 and bool(kv_caches) and supports_cache(kv_caches[0][0]) and isinstance(rope, TritonRope)
+    return (input_ids.shape[0] == 1 and bool(kv_caches) and supports_cache(kv_caches[0][0])
+            and isinstance(rope, TritonRope))
 
 
 def fused_decode_forward(model: LlamaForCausalLM, h: torch.Tensor, rope, kv_caches, meta) -> torch.Tensor:

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.models.attention import AttentionMetadata, paged_attention, write_kv
 from inference.models.arch import ModelArch
+from inference.models.attention import AttentionMetadata, paged_attention, write_kv
 from inference.models.moe import SparseMoeBlock
 
 
@@ -76,7 +76,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def prepare(self, positions: torch.Tensor, dtype: torch.dtype) -> "TorchRope":
+    def prepare(self, positions: torch.Tensor, dtype: torch.dtype) -> TorchRope:
         """Once per step: [T, 1, D] tables shared by every layer; sin carries rotate-half's sign."""
         cos, sin = self.cos[positions], self.sin[positions]               # [T, D/2]
         return TorchRope(torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype),

@@ -22,12 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.kernels.activation import silu_and_mul
+from inference.kernels.decode_attention import decode_attention
+from inference.kernels.kv_cache import write_kv_cache
+from inference.kernels.prefill_attention import prefill_attention
+from inference.kernels.quant_gemv import GemvWeight, gemv
+from inference.kernels.rms_norm import rms_norm
+from inference.kernels.rotary_kv_cache import rotary_kv_cache, supports_cache
 from inference.models.fused_decode import (
     fused_decode_forward,
     fused_decode_plan,
     takes_fused_decode,
 )
-from inference.models.triton_rope import TritonRope
 from inference.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -36,13 +42,7 @@ from inference.models.llama import (
     RotaryEmbedding,
     SiluAndMul,
 )
-from inference.kernels.activation import silu_and_mul
-from inference.kernels.decode_attention import decode_attention
-from inference.kernels.kv_cache import write_kv_cache
-from inference.kernels.prefill_attention import prefill_attention
-from inference.kernels.quant_gemv import GemvWeight, gemv
-from inference.kernels.rms_norm import rms_norm
-from inference.kernels.rotary_kv_cache import rotary_kv_cache, supports_cache
+from inference.models.triton_rope import TritonRope
 
 
 @dataclass
@@ -139,7 +139,8 @@ class TritonLlamaForCausalLM(LlamaForCausalLM):
         return self.decoder_stack(x, rope, kv_caches, meta)
 
 
-_SWAPS = {nn.Linear: TritonLinear, LlamaForCausalLM: TritonLlamaForCausalLM, RMSNorm: TritonRMSNorm, SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
+_SWAPS = {nn.Linear: TritonLinear, LlamaForCausalLM: TritonLlamaForCausalLM, RMSNorm: TritonRMSNorm,
+          SiluAndMul: TritonSiluAndMul, PagedAttention: TritonPagedAttention,
           RotaryEmbedding: TritonRotaryEmbedding, LlamaAttention: TritonLlamaAttention}
 
 

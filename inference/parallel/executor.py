@@ -32,9 +32,8 @@ from multiprocessing import connection
 import torch
 
 from inference.config import EngineConfig
+from inference.interfaces import ModelRunnerOutput, Runner, SchedulerOutput, StepHandle
 from inference.loader.model_loader import LoadedModel, LoadPlan, plan_load
-from inference.worker.model_runner import ModelRunner
-from inference.worker.runner_factory import build_runner
 from inference.parallel.comm import TPComm, from_store, serve_store
 from inference.parallel.step import step_message
 from inference.parallel.tp_transform import (
@@ -42,7 +41,8 @@ from inference.parallel.tp_transform import (
     check_tp_supported,
     install_parallel_layers,
 )
-from inference.interfaces import ModelRunnerOutput, Runner, SchedulerOutput, StepHandle
+from inference.worker.model_runner import ModelRunner
+from inference.worker.runner_factory import build_runner
 
 log = logging.getLogger(__name__)
 

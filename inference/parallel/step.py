@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inference.core.request import Request
-from inference.sampling_params import SamplingParams
 from inference.interfaces import ScheduledRequest, SchedulerOutput
+from inference.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0)
 

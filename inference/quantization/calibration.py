@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.models.attention import AttentionMetadata, PrefillChunk, kv_row_width
 from inference.core.tokenizer import Tokenizer
+from inference.models.attention import AttentionMetadata, PrefillChunk, kv_row_width
 
 
 def stdlib_windows(tokenizer: Tokenizer, split: str, num_windows: int, seq_len: int) -> list[list[int]]:

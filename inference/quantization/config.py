@@ -67,7 +67,7 @@ class QuantConfig:
         return in_features if self.group_size == -1 else self.group_size
 
     @classmethod
-    def from_engine_arg(cls, name: str) -> "QuantConfig":
+    def from_engine_arg(cls, name: str) -> QuantConfig:
         """LLM(quantization=...) for on-the-fly quantization (no calibration data)."""
         if name == "int8":
             return cls("rtn", 8, -1, True)
@@ -88,7 +88,7 @@ class QuantConfig:
                 "quantizer": "inference-awq-gptq" if self.awq_scales else f"inference-{self.method}"}
 
     @classmethod
-    def from_hf(cls, qc: dict[str, Any]) -> "QuantConfig":
+    def from_hf(cls, qc: dict[str, Any]) -> QuantConfig:
         """From a checkpoint's quantization_config; a clear error for what this engine cannot load."""
         method = qc.get("quant_method")
         bits, group = qc.get("bits"), qc.get("group_size", 128)

@@ -67,7 +67,7 @@ class Fp8Linear(nn.Module):
         bias or 32-bit activations (the FP8 GEMV wants 16-bit x)."""
         if self.bias is not None or dtype not in (torch.float16, torch.bfloat16):
             return None
-        from inference.kernels.quant_gemv import GemvWeight               # imports Triton
+        from inference.kernels.quant_gemv import GemvWeight  # imports Triton
         return GemvWeight.e4m3(self.weight_fp8, self.weight_scale)
 
     def weight_bytes(self) -> int:

@@ -44,7 +44,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if x.is_cuda or self.use_kernel:
-            from inference.kernels.quant_matmul import quant_matmul        # imports Triton
+            from inference.kernels.quant_matmul import quant_matmul  # imports Triton
             y = quant_matmul(x.reshape(-1, self.in_features), self.qweight, self.scales, self.zeros, self.bits,
                              self.group_len).view(*x.shape[:-1], self.out_features)
             return y if bias is None else y + bias
@@ -54,7 +54,7 @@ class QuantLinear(nn.Module):
         """The codes as the fused decode GEMVs take them (inference/kernels/gemv_fused.py); None with a bias."""
         if self.bias is not None:
             return None
-        from inference.kernels.quant_gemv import GemvWeight               # imports Triton
+        from inference.kernels.quant_gemv import GemvWeight  # imports Triton
         return GemvWeight(self.qweight, self.scales, self.zeros, self.bits, min(self.group_len, self.in_features))
 
     def weight_bytes(self) -> int:

@@ -82,7 +82,8 @@ class EngineHolder:
 
     def get(self) -> OnlineEngine:
         if self.error is not None:
-            raise OpenAIError(503, f"model failed to load: {self.error}", type_="server_error", code="model_load_failed")
+            raise OpenAIError(503, f"model failed to load: {self.error}", type_="server_error",
+                              code="model_load_failed")
         if self.engine is None:
             raise OpenAIError(503, "model is loading", type_="server_error", code="model_loading",
                            headers={"Retry-After": "5"})

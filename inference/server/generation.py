@@ -122,7 +122,8 @@ def collect(job: _Job) -> dict:
             prefix = _echo_text(job, i) if p.echo else ""
             choice = {"index": k, "text": prefix + text, "logprobs": None, "finish_reason": finish.get(k)}
             if p.params.logprobs is not None:
-                choice["logprobs"] = completion_logprobs(tokens.get(k, []), lps.get(k, []), _decode_one(job), len(prefix))
+                choice["logprobs"] = completion_logprobs(tokens.get(k, []), lps.get(k, []), _decode_one(job),
+                                                         len(prefix))
         choices.append(choice)
     completion_tokens = sum(len(v) for v in tokens.values())
     return {"id": _response_id(p), "object": "chat.completion" if p.kind == "chat" else "text_completion",

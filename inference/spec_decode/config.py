@@ -52,7 +52,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.draft_kv_cache_memory_bytes: must be a positive integer, got {b!r}")
 
     @classmethod
-    def parse(cls, value: Any) -> "SpeculativeConfig | None":
+    def parse(cls, value: Any) -> SpeculativeConfig | None:
         """None, a SpeculativeConfig, a dict or its JSON text (the CLI flag)."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value

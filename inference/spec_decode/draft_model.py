@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.core.block_manager import BlockManager
 from inference.config import CacheConfig, ModelConfig
-from inference.loader.model_loader import load_model
+from inference.core.block_manager import BlockManager
 from inference.core.request import Request
-from inference.worker.sampler import SamplingRow, draw, processed_probs
 from inference.interfaces import ScheduledRequest
+from inference.loader.model_loader import load_model
 from inference.spec_decode.config import SpeculativeConfig
+from inference.worker.sampler import SamplingRow, draw, processed_probs
 
 PROBE_TEXT = "def add(a, b):\n    return a + b  # Hello, world! Ünïcödé 123"
 

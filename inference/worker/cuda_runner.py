@@ -15,6 +15,10 @@ import numpy as np
 import torch
 
 from inference.config import CacheConfig, SchedulerConfig
+from inference.interfaces import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, StepHandle
+from inference.kernels.decode_attention import SPLIT_CHOICES, choose_num_splits
+from inference.loader.model_loader import LoadedModel
+from inference.models.triton_layers import KernelAttentionMetadata
 from inference.worker.cuda_graphs import (
     GRAPH_BATCH_SIZES,
     MAX_MIXED_CHUNKS,
@@ -22,14 +26,10 @@ from inference.worker.cuda_graphs import (
     mixed_shape_for,
     mixed_shapes,
 )
-from inference.loader.model_loader import LoadedModel
 from inference.worker.kv_sizing import run_largest_step
 from inference.worker.model_runner import ModelRunner
-from inference.models.triton_layers import KernelAttentionMetadata
-from inference.worker.staging import StagingBuffers
 from inference.worker.sampler import list_to_device, sample_on_device
-from inference.interfaces import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, StepHandle
-from inference.kernels.decode_attention import SPLIT_CHOICES, choose_num_splits
+from inference.worker.staging import StagingBuffers
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +72,17 @@ class CudaModelRunner(ModelRunner):
         dev, i32 = self.device, dict(dtype=torch.int32, device=self.device)
         for splits in SPLIT_CHOICES:
             meta = KernelAttentionMetadata(
-                torch.full((4,), -1, dtype=torch.long, device=dev), 1, self.staging.tables.device[:1], self.staging.ctx.device[:1], splits,
+                torch.full((4,), -1, dtype=torch.long, device=dev), 1, self.staging.tables.device[:1],
+                self.staging.ctx.device[:1], splits,
                 prefill_block_tables=self.staging.tables.device[:1], prefill_query_start=torch.tensor([0, 3], **i32),
                 prefill_context_lens=torch.tensor([3], **i32), max_query_len=3)
             hidden = self.model(self.staging.ids.device[:4], self.staging.pos.device[:4], self.kv_caches, meta)
             self.model.compute_logits(hidden)
         # one token: the fused batch-1 decode layers' kernels (inference/models/fused_decode.py)
-        meta = KernelAttentionMetadata(torch.full((1,), -1, dtype=torch.long, device=dev), 1, self.staging.tables.device[:1],
-                                       self.staging.ctx.device[:1], SPLIT_CHOICES[0])
-        self.model.compute_logits(self.model(self.staging.ids.device[:1], self.staging.pos.device[:1], self.kv_caches, meta))
+        meta = KernelAttentionMetadata(torch.full((1,), -1, dtype=torch.long, device=dev), 1,
+                                       self.staging.tables.device[:1], self.staging.ctx.device[:1], SPLIT_CHOICES[0])
+        self.model.compute_logits(self.model(self.staging.ids.device[:1], self.staging.pos.device[:1], self.kv_caches,
+                                             meta))
         # Without this, the first big steps after startup wait on cudaMalloc and pinned-memory
         # allocations, a cold start that lands in the first requests' TTFTs
         # (bench/journal/2026-11-29-gpu-engine-runs-01-09.md, run 5).
@@ -89,8 +91,8 @@ class CudaModelRunner(ModelRunner):
 
     # ---- CUDA graphs -------------------------------------------------------------------------
     def _decode_meta(self, batch: int, num_splits: int) -> KernelAttentionMetadata:
-        return KernelAttentionMetadata(self.staging.slots.device[:batch], batch, self.staging.tables.device[:batch], self.staging.ctx.device[:batch],
-                                       num_splits)
+        return KernelAttentionMetadata(self.staging.slots.device[:batch], batch, self.staging.tables.device[:batch],
+                                       self.staging.ctx.device[:batch], num_splits)
 
     def _graph_splits(self, batch: int) -> int:
         return choose_num_splits(batch, self.arch.num_key_value_heads, self.max_model_len, self.num_sms)
@@ -104,10 +106,12 @@ class CudaModelRunner(ModelRunner):
         bd, tp = shape
         rows = bd + tp
         meta = KernelAttentionMetadata(
-            self.staging.slots.device[:rows], bd, self.staging.tables.device[:bd], self.staging.ctx.device[:bd], self._graph_splits(bd) if bd else 1,
+            self.staging.slots.device[:rows], bd, self.staging.tables.device[:bd], self.staging.ctx.device[:bd],
+            self._graph_splits(bd) if bd else 1,
             prefill_block_tables=self.staging.pf_tables.device, prefill_query_start=self.staging.pf_starts.device,
             prefill_context_lens=self.staging.pf_ctx.device, max_query_len=tp)
-        return self.model(self.staging.ids.device[:rows], self.staging.pos.device[:rows], self.kv_caches, meta)   # [rows, hidden]
+        # [rows, hidden]
+        return self.model(self.staging.ids.device[:rows], self.staging.pos.device[:rows], self.kv_caches, meta)
 
     @torch.inference_mode()
     def capture_graphs(self, max_batch: int) -> None:

@@ -12,9 +12,9 @@ import torch
 
 from inference.config import CacheConfig, SchedulerConfig
 from inference.loader.model_loader import LoadedModel
+from inference.models.attention import kv_row_width
 from inference.models.triton_layers import KernelAttentionMetadata
 from inference.sampling_params import SamplingParams
-from inference.models.attention import kv_row_width
 from inference.worker.cuda_graphs import mixed_shapes
 from inference.worker.sampler import SamplingRow, sample
 

@@ -13,7 +13,8 @@ A slot holds one block of every layer, so a block moves host <-> disk with one r
   like the host slots: one Triton kernel gathers (or scatters) a batch's blocks of every layer's
   K and V through a table of the 2 * num_layers cache base pointers, then one copy-engine copy
   per run of consecutive slots, so they overlap the step still in flight. (Without Triton, or
-  for block sizes that are not whole 8-byte words: one index_select / index_copy_ per tensor.) The side stream waits only for in-flight steps that
+  for block sizes that are not whole 8-byte words: one index_select / index_copy_ per tensor.)
+  The side stream waits only for in-flight steps that
   touch a block it reads or overwrites, and the compute stream waits for this step's copies (its
   forward reads the loaded blocks and overwrites the offloaded ones) through one event.
   Write-behind copies (`KVTransfer.behind`, inference/core/kv_tiers.py) are queued after them and only

@@ -11,18 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.config import CacheConfig
+from inference.core.request import Request
+from inference.interfaces import ModelRunnerOutput, Runner, ScheduledRequest, SchedulerOutput, StepHandle
+from inference.loader.model_loader import LoadedModel
 from inference.models.attention import (
     AttentionMetadata,
     PrefillChunk,
     bottom_right_causal_mask,
 )
-from inference.config import CacheConfig
-from inference.loader.model_loader import LoadedModel
-from inference.core.request import Request
+from inference.spec_decode.rejection import verify_greedy, verify_sampled
 from inference.worker.kv_sizing import kv_cache_dtype, kv_cache_shape
 from inference.worker.sampler import SamplerOutput, SamplingRow, resolve, sample
-from inference.interfaces import ModelRunnerOutput, Runner, ScheduledRequest, SchedulerOutput, StepHandle
-from inference.spec_decode.rejection import verify_greedy, verify_sampled
+
 
 @dataclass
 class RunnerTimings:

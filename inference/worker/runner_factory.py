@@ -29,7 +29,7 @@ def build_runner(loaded: LoadedModel, config: EngineConfig, comm: TPComm | None 
         if cache.kv_cache_dtype == "int8":
             raise ValueError("kv_cache_dtype='int8' runs on the CPU path only: the CUDA attention kernels read "
                              "'auto' or 'fp8_e4m3' caches (fp8_e4m3 takes the same bytes per token)")
-        from inference.worker.cuda_runner import CudaModelRunner    # imports Triton kernels
+        from inference.worker.cuda_runner import CudaModelRunner  # imports Triton kernels
         torch.cuda.set_device(loaded.device)     # cuda:N: kernels launch on the current device
         num_blocks = agreed(size_kv_cache(loaded, cache, config.scheduler))
         runner: ModelRunner = CudaModelRunner(loaded, cache, config.scheduler, num_blocks, config.model.seed,

@@ -37,7 +37,8 @@ class PendingSample:
     rows: list[SamplingRow]
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator | None = None) -> SamplerOutput:
+def sample(logits: torch.Tensor, rows: list[SamplingRow],
+           default_generator: torch.Generator | None = None) -> SamplerOutput:
     """logits: [num_rows, vocab] in the model's dtype; processed in fp32."""
     return resolve(sample_on_device(logits, rows, default_generator))
 

@@ -57,7 +57,8 @@ def test_auth_events_and_health(web):
     assert web.get("/v1/health").get_json()["model"]
     cid = web.post("/v1/completions", json={"language": "go", "segments": {"prefix": "func main() {"}},
                    headers=AUTH).get_json()["id"]
-    for event in ({"type": "view", "completion_id": cid}, {"type": "select", "completion_id": cid, "select_kind": "line"}):
+    for event in ({"type": "view", "completion_id": cid},
+                  {"type": "select", "completion_id": cid, "select_kind": "line"}):
         assert web.post("/v1/events", json=event, headers=AUTH).status_code == 200
     stats = web.application.extensions["completion"]["stats"]
     assert stats.events[("go", "view")] == 1 and stats.events[("go", "select_line")] == 1
@@ -71,7 +72,8 @@ def test_bad_input(web):
     for body, status in cases:
         resp = web.post("/v1/completions", json=body, headers=AUTH)
         assert resp.status_code == status and resp.get_json()["error"]["message"]
-    assert web.post("/v1/completions", data="{oops", headers={**AUTH, "Content-Type": "application/json"}).status_code == 400
+    assert web.post("/v1/completions", data="{oops",
+                    headers={**AUTH, "Content-Type": "application/json"}).status_code == 400
     # unknown language: generic rules; a huge prefix: cut to the budget, never a 5xx
     big = {"language": "klingon", "segments": {"prefix": "x = 1\n" * 30000 + "y = ", "suffix": "z\n" * 30000}}
     assert web.post("/v1/completions", json=big, headers=AUTH).status_code == 200
@@ -130,8 +132,9 @@ def test_repository_indexing_job_feeds_completion_context(tiny_client, tmp_path)
         time.sleep(0.1)
     status = web.get(f"/v1/repositories/{job}", headers=AUTH).get_json()
     assert status["status"] == "done" and status["num_chunks"] == 1        # node_modules skipped
-    body = {"language": "python", "segments": {"prefix": "from pkg.geometry import polygon_area\n\narea = polygon_area(",
-                                               "filepath": "main.py", "git_url": "https://git.example/demo.git"}}
+    body = {"language": "python",
+            "segments": {"prefix": "from pkg.geometry import polygon_area\n\narea = polygon_area(",
+                         "filepath": "main.py", "git_url": "https://git.example/demo.git"}}
     assert web.post("/v1/completions", json=body, headers=AUTH).status_code == 200
     service = app.extensions["completion"]["service"]
     from pipelines.completion import parse_tabby

@@ -91,7 +91,8 @@ def test_bad_batches_are_400s(web, body, message):
 
 
 def test_bad_jsonl_line_and_auth(web):
-    resp = web.post("/v1/jobs", data='{"prompt": "a"}\n{oops\n', headers={**ACME, "Content-Type": "application/x-ndjson"})
+    resp = web.post("/v1/jobs", data='{"prompt": "a"}\n{oops\n',
+                    headers={**ACME, "Content-Type": "application/x-ndjson"})
     assert resp.status_code == 400 and "line 2" in resp.get_json()["error"]["message"]
     assert web.post("/v1/jobs", json={"requests": [{"prompt": "a"}]}).status_code == 401
 
@@ -102,7 +103,8 @@ REDIS_URL = "redis://127.0.0.1:6379/12"
 def test_worker_killed_mid_job_completes_exactly_once(redis_server, tmp_path, tiny_client):
     redis.Redis.from_url(REDIS_URL).flushdb()
     (tmp_path / "tenants.yaml").write_text(TENANTS)
-    env = {**os.environ, "REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT), "TENANTS_PATH": str(tmp_path / "tenants.yaml"),
+    env = {**os.environ, "REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT),
+           "TENANTS_PATH": str(tmp_path / "tenants.yaml"),
            "MODEL": "random:smollm2-135m", "CELERY_VISIBILITY_TIMEOUT_S": "3", "WORKER_METRICS_PORT": "0"}
     env.pop("INFERENCE_URL", None)
     app = create_app({"REDIS_URL": REDIS_URL, "TENANTS_PATH": str(tmp_path / "tenants.yaml"),
@@ -120,7 +122,8 @@ def test_worker_killed_mid_job_completes_exactly_once(redis_server, tmp_path, ti
         worker.send_signal(signal.SIGKILL)                    # mid-job: its message is not acknowledged
         worker.wait(10)
         assert store.get(job_id)["status"] == "running" and store.get(job_id)["done"] < 12
-        worker = start_worker(env, capture=False)                            # the broker redelivers after visibility_timeout
+        # the broker redelivers after visibility_timeout
+        worker = start_worker(env, capture=False)
         view = wait_done(web, job_id, timeout=180)
         assert view["status"] == "done" and view["done"] == 12
         job = store.get(job_id)

@@ -39,7 +39,8 @@ def test_metrics_follow_traffic(tiny_client, tmp_path):
     assert sum(float(v) for v in re.findall(r'^chat_turns_total\{intent="(?!blocked)[^"]*",outcome="[a-z]+"\} (\S+)$',
                                             text, re.M)) == 1                   # the refund question
     assert 'inference_breaker_state{endpoint="primary"}' not in text      # tiny_client: no breaker chain
-    web.post("/v1/events", json={"type": "view", "completion_id": "c"}, headers={"Authorization": "Bearer demo-api-key"})
+    web.post("/v1/events", json={"type": "view", "completion_id": "c"},
+             headers={"Authorization": "Bearer demo-api-key"})
     text = web.get("/v1/metrics").get_data(as_text=True)
     assert value(text, 'completion_events_total{language="unknown",type="view"}') == 1
     assert value(text, 'http_requests_total{endpoint="/v1/events",method="POST",status="200"}') == 1

@@ -116,8 +116,8 @@ def broker_outage(workdir: Path, service: InferenceService, embedder=None) -> Sc
         t0 = time.monotonic()
         refused = requests.post(f"{web.url}/v1/jobs", json=job, headers=headers, timeout=10)
         tally.record(refused.status_code, refused.headers, time.monotonic() - t0, refused.text)
-        result.details["job_submit_refused"] = f"{refused.status_code} Retry-After {refused.headers.get('Retry-After')} " \
-            f"{refused.text[:200]}"
+        result.details["job_submit_refused"] = f"{refused.status_code} " \
+            f"Retry-After {refused.headers.get('Retry-After')} {refused.text[:200]}"
         result.checks["job submit: 503 with Retry-After"] = refused.status_code == 503 and \
             int(refused.headers.get("Retry-After", "0")) >= 1 and \
             refused.json()["error"]["type"] == "service_unavailable" and \

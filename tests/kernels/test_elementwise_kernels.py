@@ -439,7 +439,7 @@ def _check_rotary_kv_cache(num_tokens, num_heads, num_kv_heads, head_dim, block_
         return
     written = torch.zeros(num_slots, dtype=torch.bool, device=DEVICE)
     written[slot_mapping[slot_mapping >= 0]] = True
-    for out, ref in ((k_cache, k_expected), (v_cache, v_expected)):
+    for out, _ref in ((k_cache, k_expected), (v_cache, v_expected)):
         flat = out.view(num_slots, num_kv_heads, head_dim)
         assert (flat[~written] == SENTINEL).all()
     # v is copied exactly; k is the rotated value, within the rotation's rounding

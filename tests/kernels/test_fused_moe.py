@@ -9,16 +9,17 @@ import zlib
 import pytest
 import torch
 
-from inference.models.moe import experts_reference, route
 from inference.kernels.fused_moe import fused_experts
 from inference.kernels.moe_routing import align_assignments, fused_route
+from inference.models.moe import experts_reference, route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def _case(t, h, inter, e, k, dtype, threshold, seed):
-    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr((t, h, inter, e, k, dtype, threshold, seed)).encode()))
+    gen = torch.Generator(device=DEVICE).manual_seed(
+        zlib.crc32(repr((t, h, inter, e, k, dtype, threshold, seed)).encode()))
     x = torch.randn(t, h, generator=gen, device=DEVICE).to(dtype)
     w13 = (torch.randn(e, 2 * inter, h, generator=gen, device=DEVICE) * h ** -0.5).to(dtype)
     w2 = (torch.randn(e, h, inter, generator=gen, device=DEVICE) * inter ** -0.5).to(dtype)
@@ -69,9 +70,9 @@ def test_quantized_experts_gemv_with_16_bit_activations(bits, group):
     on the CPU their bit operations as Triton ops): against the fp32 reference over the same codes."""
     import copy
 
+    from inference.kernels.quant_gemv import gemv_config
     from inference.quantization.config import QuantConfig
     from inference.quantization.moe_experts import QuantExperts
-    from inference.kernels.quant_gemv import gemv_config
     x, w13, w2, weights, ids = _case(2, 256, 128, 4, 2, torch.bfloat16, 0.3, bits)
     cfg = QuantConfig(method="rtn", bits=bits, group_size=group)
     q13, q2 = QuantExperts(w13, cfg).to(DEVICE), QuantExperts(w2, cfg).to(DEVICE)

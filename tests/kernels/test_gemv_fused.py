@@ -10,8 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.quantization.config import QuantConfig
-from inference.quantization.int_quant import dequantize, pack_int4, quantize_rtn
 from inference.kernels.gemv_fused import (
     RESIDUAL,
     ROPE,
@@ -25,6 +23,8 @@ from inference.kernels.gemv_fused import (
     gemv_silu,
     norm_stats,
 )
+from inference.quantization.config import QuantConfig
+from inference.quantization.int_quant import dequantize, pack_int4, quantize_rtn
 from tests.kernels.test_quant_matmul import CUDA, DEVICE
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.2e-2}
@@ -40,7 +40,8 @@ def weight_of(fmt: str, n: int, k: int, dtype: torch.dtype, gen) -> tuple[GemvWe
     if fmt == "fp8":
         scale = w.abs().amax(1) / 448.0
         codes = (w / scale[:, None]).to(torch.float8_e4m3fn)
-        return GemvWeight(codes.view(torch.uint8), scale.view(n, 1), scale, 16, k, fp8=True), codes.float() * scale[:, None]
+        return (GemvWeight(codes.view(torch.uint8), scale.view(n, 1), scale, 16, k, fp8=True),
+                codes.float() * scale[:, None])
     bits = 8 if fmt == "int8" else 4
     cfg = QuantConfig("rtn", bits, 32)
     codes, scales, zeros = quantize_rtn(w, cfg)
@@ -142,9 +143,11 @@ def test_bad_inputs_name_what_is_wrong():
     with pytest.raises(ValueError, match="stats_out must be a contiguous fp64"):
         gemv_residual(x, w, torch.zeros(1, 8, device=DEVICE), torch.zeros(1, STATS_LANES, device=DEVICE))
     with pytest.raises(ValueError, match="residual must be"):
-        gemv_residual(x, w, torch.zeros(1, 9, device=DEVICE), torch.zeros(1, STATS_LANES, dtype=torch.float64, device=DEVICE))
+        gemv_residual(x, w, torch.zeros(1, 9, device=DEVICE),
+                      torch.zeros(1, STATS_LANES, dtype=torch.float64, device=DEVICE))
     with pytest.raises(ValueError, match="does not take x"):
-        gemv_silu(torch.randn(1, 12, device=DEVICE), w, torch.zeros(1, STATS_LANES, dtype=torch.float64, device=DEVICE), 1e-6)
+        gemv_silu(torch.randn(1, 12, device=DEVICE), w,
+                  torch.zeros(1, STATS_LANES, dtype=torch.float64, device=DEVICE), 1e-6)
     cache = torch.zeros(2, 4, 1, 4, device=DEVICE)
     rope = RopeKV(torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros(8, 4, device=DEVICE), cache, cache,
                   torch.zeros(1, dtype=torch.int64, device=DEVICE), 1, 1)

@@ -1,7 +1,7 @@
 """The decode GEMV's code conversions (inference/kernels/quant_gemv.py, CONVERT 1-3).
 
-The PTX strings (inference/kernels/gemv_codes.py) cannot run on the CPU, so they run here through a small model of the PTX they use
-(prmt, lop3, shr, mov, f16x2 sub / mul / fma, cvt, add): the same strings the kernel hands to
+The PTX strings (inference/kernels/gemv_codes.py) cannot run on the CPU, so they run here through a small model
+of the PTX they use (prmt, lop3, shr, mov, f16x2 sub / mul / fma, cvt, add): the same strings the kernel hands to
 tl.inline_asm_elementwise, fed words packed the way Triton packs them (element j of a pack in byte
 j, little-endian), checked against the codes' column order (int8: byte j = column j; int4: byte b
 holds column 2b in its low nibble and 2b + 1 in its high one). The kernel's variants also run
@@ -181,7 +181,8 @@ def test_ptx_hfma2_pairs_match_columns(bits):
 def test_ptx_model_itself():
     a = torch.tensor([0x11223344], dtype=torch.int64)
     assert prmt(a, torch.tensor([0x55667788]), 0x4140).item() == 0x88338844   # bytes [a0, b0, a1, b0]
-    assert lop3(a, torch.tensor([0x0F0F0F0F]), torch.tensor([0x80000000]), 0xEA).item() == (0x11223344 & 0x0F0F0F0F) | 0x80000000
+    assert (lop3(a, torch.tensor([0x0F0F0F0F]), torch.tensor([0x80000000]), 0xEA).item()
+            == (0x11223344 & 0x0F0F0F0F) | 0x80000000)
     assert f16_of(torch.tensor([gc.F16_1024 | 7])).item() == 1031.0
     assert halves(torch.tensor([gc.F16X2_SIXTEENTH]))[0].item() == 1 / 16
     assert halves(torch.tensor([gc.F16X2_NEG_64]))[1].item() == -64.0
@@ -227,9 +228,9 @@ def test_gemv_variants_real_shapes(bits, group, n, k, outlier):
     """Each variant vs the fp32 reference (bf16 output: 1.5e-2) and vs CONVERT 0 (1 is the same
     arithmetic; 2 loses ~1e-5 to its offsets; 3 multiplies in fp16); with outlier, x carries
     activations of 3000 (as Llama's down_proj inputs do) so that CONVERT 3's scaling must act."""
+    from inference.kernels.quant_matmul import quant_matmul_reference
     from inference.quantization.config import QuantConfig
     from inference.quantization.int_quant import pack_int4, quantize_rtn
-    from inference.kernels.quant_matmul import quant_matmul_reference
     assert torch.isnan(torch.empty(4, device="cuda")).all()
     gen = torch.Generator(device="cuda").manual_seed(n + k + bits)
     w = torch.randn(n, k, generator=gen, device="cuda") * 0.02

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.quantization.config import QuantConfig
-from inference.quantization.int_quant import pack_int4, quantize_rtn
 from inference.kernels.quant_gemv import GEMV_MAX_ROWS, gemv, gemv_fp8, quant_gemv
 from inference.kernels.quant_matmul import choose_tiles, quant_matmul, quant_matmul_reference
+from inference.quantization.config import QuantConfig
+from inference.quantization.int_quant import pack_int4, quantize_rtn
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

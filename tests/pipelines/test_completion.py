@@ -26,7 +26,8 @@ def words(text: str) -> int:
     ({"<fim_prefix>", "<fim_suffix>", "<fim_middle>"}, None, "starcoder", "<fim_prefix>P<fim_suffix>S<fim_middle>"),
     (set(), "starcoder2", "starcoder", "<fim_prefix>P<fim_suffix>S<fim_middle>"),
     ({"▁<PRE>", "▁<SUF>", "▁<MID>"}, None, "codellama", "<PRE> P <SUF>S <MID>"),
-    ({"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"}, None, "deepseek-coder", "<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>"),
+    ({"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"}, None, "deepseek-coder",
+     "<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>"),
     ({"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}, "qwen2", "qwen2.5-coder",
      "<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>"),
     ({"[SUFFIX]", "[PREFIX]"}, None, "codestral", "[SUFFIX]S[PREFIX]P"),
@@ -94,12 +95,14 @@ def test_request_shapes_and_errors():
     t = parse_tabby({"language": "Python", "segments": {"prefix": "a", "suffix": "b", "filepath": "x.py",
                                                         "declarations": [{"filepath": "d.py", "body": "def d(): ..."}],
                                                         "clipboard": "cb"}, "user": "u1", "temperature": 0.1})
-    assert (t.prefix, t.suffix, t.language, t.filepath, t.user, t.temperature) == ("a", "b", "python", "x.py", "u1", 0.1)
+    assert (t.prefix, t.suffix, t.language, t.filepath, t.user, t.temperature) == (
+        "a", "b", "python", "x.py", "u1", 0.1)
     assert [s.filepath for s in t.snippets] == ["d.py", "clipboard"]
     o = parse_openai({"prompt": ["p"], "suffix": "s", "max_tokens": 32, "stop": "\n", "stream": True})
     assert (o.prefix, o.suffix, o.max_tokens, o.stop, o.stream) == ("p", "s", 32, ["\n"], True)
     for bad, msg in [({"segments": {"suffix": "x"}}, "prefix"), ({"segments": "x"}, "segments"),
-                     ({"segments": {"prefix": 3}}, "prefix"), ({"segments": {"prefix": "a"}, "temperature": "hot"}, "temperature"),
+                     ({"segments": {"prefix": 3}}, "prefix"),
+                     ({"segments": {"prefix": "a"}, "temperature": "hot"}, "temperature"),
                      ({"segments": {"prefix": "a", "declarations": [{"body": 1}]}}, "declarations"),
                      # falsy values of the wrong type are not a missing list / path (found by the fuzzer)
                      ({"segments": {"prefix": "a", "relevant_snippets_from_recently_opened_files": ""}},

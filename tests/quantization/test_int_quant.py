@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inference.quantization.awq import search_scale
 from inference.quantization.calibration import InputStats
 from inference.quantization.config import QuantConfig
 from inference.quantization.gptq import gptq_quantize
 from inference.quantization.int_quant import dequantize, pack_int4, quantize_rtn, unpack_int4
-from inference.quantization.awq import search_scale
 
 
 @pytest.mark.parametrize("cfg", [QuantConfig("rtn", 4, 32), QuantConfig("rtn", 4, 128, True),

@@ -14,12 +14,12 @@ from safetensors.torch import load_file, save_file
 from inference import LLM, SamplingParams
 from inference.config import ModelConfig
 from inference.loader.model_loader import load_model
+from inference.models.llama import DECODER_LINEARS
 from inference.quantization.awq import apply_awq_scales
 from inference.quantization.calibration import LayerwiseCalibration, forward_logits, stdlib_windows
 from inference.quantization.config import QuantConfig
 from inference.quantization.quant_linear import QuantLinear
 from inference.quantization.scale_tuning import teacher_hidden, tune_scales
-from inference.models.llama import DECODER_LINEARS
 from inference.quantization.transform import quantize_model
 from inference.quantization.workflow import quantize_to_dir
 from tests.conftest import assert_all_blocks_free
