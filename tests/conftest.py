@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from tests.triton_interpreter import skip_repatching
+    from tests.helpers.triton_interpreter import skip_repatching
     skip_repatching()                   # helpers called from kernels: no second patch of tl (~40%)
 
 import pytest

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from app import create_app
 from app.tenants import TenantRegistry, hash_api_key
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO_ROOT
 
 
 def tenants(tmp_path, keys) -> str:
@@ -45,7 +43,7 @@ def test_a_plaintext_key_in_the_config_is_refused(tmp_path):
 
 
 def test_hash_key_cli():
-    out = subprocess.run([sys.executable, "-m", "app", "hash-key", "abc"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "app", "hash-key", "abc"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == hash_api_key("abc")
     assert hash_api_key("abc") == "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

@@ -7,7 +7,7 @@ import time
 from app import create_app
 from pipelines.inference_client import HttpClient
 from pipelines.resilience import BreakerPolicy, Endpoint, FallbackClient, make_breaker
-from tests.net import free_port
+from tests.helpers.net import free_port
 
 AUTH = {"Authorization": "Bearer demo-api-key"}
 

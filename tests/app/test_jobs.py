@@ -7,16 +7,15 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import redis
 
 from app import create_app
 from app.tenants import hash_api_key
-from tests.app.celery_worker import start_worker
+from tests.helpers.celery_worker import start_worker
+from tests.helpers.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 TENANTS = f"""tenants:
   acme: {{site_key: s-acme, system_prompt: A, api_keys: ["{hash_api_key('key-acme')}"]}}
   other: {{site_key: s-other, system_prompt: B, api_keys: ["{hash_api_key('key-other')}"]}}
@@ -103,7 +102,7 @@ REDIS_URL = "redis://127.0.0.1:6379/12"
 def test_worker_killed_mid_job_completes_exactly_once(redis_server, tmp_path, tiny_client):
     redis.Redis.from_url(REDIS_URL).flushdb()
     (tmp_path / "tenants.yaml").write_text(TENANTS)
-    env = {**os.environ, "REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "REDIS_URL": REDIS_URL, "PYTHONPATH": str(REPO_ROOT),
            "TENANTS_PATH": str(tmp_path / "tenants.yaml"),
            "MODEL": "random:smollm2-135m", "CELERY_VISIBILITY_TIMEOUT_S": "3", "WORKER_METRICS_PORT": "0"}
     env.pop("INFERENCE_URL", None)

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 import redis
 
 from app import create_app
-from tests.app.celery_worker import start_worker, stop_worker
+from tests.helpers.celery_worker import start_worker, stop_worker
+from tests.helpers.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/11"
 AUTH = {"Authorization": "Bearer demo-api-key"}
 KEY = {"X-Site-Key": "demo-site-key"}
@@ -25,7 +24,7 @@ ARTICLE = ("# Lost luggage tags\n\n## Replacing a tag\n\nIf your Voyager suitcas
 @pytest.fixture()
 def kb_dir(tmp_path):
     folder = tmp_path / "kb"
-    shutil.copytree(ROOT / "configs" / "kb", folder)
+    shutil.copytree(REPO_ROOT / "configs" / "kb", folder)
     return folder
 
 

@@ -14,7 +14,7 @@ import schemathesis
 from schemathesis.core.parameters import ParameterLocation
 
 from app import create_app
-from tests.fuzz import fuzz
+from tests.helpers.fuzz import fuzz
 
 CHAT_KEY, API_KEY = {"X-Site-Key": "demo-site-key"}, {"Authorization": "Bearer demo-api-key"}
 EXAMPLES_PER_OPERATION = 210             # per mode (valid, invalid); 13 operations take input

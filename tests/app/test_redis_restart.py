@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from app import create_app
-from tests.net import free_port
+from tests.helpers.net import free_port
 
 KEY = {"X-Site-Key": "demo-site-key"}
 REDIS = shutil.which("redis-server")

@@ -10,7 +10,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from tests.app.celery_worker import start_worker, stop_worker
+from tests.helpers.celery_worker import start_worker, stop_worker
 
 REDIS_URL = "redis://127.0.0.1:6379/13"
 METRICS_PORT = 19808

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import requests
@@ -32,9 +31,9 @@ from pipelines.resilience import (
     Timeouts,
     make_breaker,
 )
-from tests.net import free_port
+from tests.helpers.net import free_port
+from tests.helpers.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -226,7 +225,7 @@ def test_inference_process_killed_mid_stream(tiny_client, tmp_path):
     """SIGKILL the service while it streams: that stream ends with an InferenceError (the caller
     degrades), later calls go to the standby, the breaker opens, and a restart closes it."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     cmd = [sys.executable, "-m", "inference", "serve", "--model", "random:tiny", "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "float32", "--max-model-len", "1024"]
 
