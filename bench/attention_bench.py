@@ -19,7 +19,7 @@ from bench.workloads import paged_cache
 # Earlier leaders: journal runs 1, 11 and 27 (bench/journal/README.md finds them); the sweep that
 # chose the defaults, with the lazy-rescale and grid-order variants since removed, is
 # bench/journal/runs/gpu_kernels_prefill_sweep.json.
-# Every one is also a GPU case of tests/kernels/test_attention_kernels.py.
+# Every one is also a GPU case of tests/inference/kernels/test_attention_kernels.py.
 PREFILL_VARIANTS = [
     ("default 64x64/4w/3s", {}),
     ("chunk-major grid", {"heads_first": False}),

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from bench.harness import ROOT, result_path, write_result
-from tests.faults import inference_outages, service_outages, slow_clients
-from tests.faults.harness import REDIS_BIN, InferenceService, ScenarioResult
+from tests.e2e.faults import inference_outages, service_outages, slow_clients
+from tests.e2e.faults.harness import REDIS_BIN, InferenceService, ScenarioResult
 
 COLUMNS = [("scenario", 44), ("requests", 8), ("5xx", 4), ("shed", 5), ("degraded", 8), ("lost", 4),
            ("recovery_s", 10), ("bound_s", 7), ("checks", 6)]
@@ -62,12 +62,12 @@ class Services:
 
 
 def schemathesis_down(workdir: Path) -> ScenarioResult:
-    """S: the pytest module tests/faults/test_schemathesis_down.py; it appends each API's cases
+    """S: the pytest module tests/e2e/faults/test_schemathesis_down.py; it appends each API's cases
     and 503s to FAULTS_SCHEMATHESIS_OUT. A 5xx fails it (schemathesis's not_a_server_error)."""
     t0 = time.monotonic()
     out = workdir / "schemathesis.jsonl"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/faults/test_schemathesis_down.py"], cwd=ROOT, capture_output=True, text=True,
+                           "tests/e2e/faults/test_schemathesis_down.py"], cwd=ROOT, capture_output=True, text=True,
                           check=False, env={**os.environ, "FAULTS_SCHEMATHESIS_OUT": str(out)})
     result = ScenarioResult("S schemathesis, both APIs, inference down")
     for line in out.read_text().splitlines() if out.exists() else []:

@@ -1,7 +1,7 @@
 """How the decode GEMV (inference/kernels/quant_gemv.py) turns int8 / int4 codes into numbers: the PTX of
 its CONVERT 1-3 (tl.inline_asm_elementwise) and, for the interpreter, the same bit operations as
 Triton ops (EMULATE). See quant_gemv.py's docstring for what each CONVERT does and why; the
-constants here are shared with the pure-PyTorch model of the PTX in tests/kernels/test_quant_gemv.py.
+constants here are shared with the pure-PyTorch model of the PTX in tests/inference/kernels/test_quant_gemv.py.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 # The bit tricks' constants, shared by the PTX below, the interpreter's emulation and the
-# pure-PyTorch test of the PTX semantics (tests/kernels/test_quant_gemv.py).
+# pure-PyTorch test of the PTX semantics (tests/inference/kernels/test_quant_gemv.py).
 F16_1024 = 0x6400                 # fp16 1024.0; 0x6400 | m is 1024 + m for m < 1024
 F16X2_1024 = 0x64006400
 F16X2_SIXTEENTH = 0x2C002C00      # 1/16 in both halves

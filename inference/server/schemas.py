@@ -1,7 +1,7 @@
 """Pydantic models of the inference service's OpenAI-compatible API: they parse its requests
 (`validate(CompletionRequest, body)`, inference/server/protocol.py) and are the source of its
 /openapi.json, so what the document says is what the service enforces (the schemathesis test,
-tests/test_openapi_server.py, holds them to it). The `Errors` markers word each rule the way
+tests/inference/server/test_openapi_server.py, holds them to it). The `Errors` markers word each rule the way
 OpenAI's API does, naming the field in `param` (httpkit/validation.py).
 """
 from __future__ import annotations
