@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from configs import resolve
 from httpkit.validation import InvalidRequest, validate
 from pipelines.code_index import DEFAULT_CACHE as DEFAULT_INDEX_DIR
 from pipelines.code_index import CodeIndex, safe_name
@@ -32,7 +33,6 @@ from pipelines.completion_cache import CompletionCache
 from pipelines.completion_schemas import MAX_SEED, MAX_SEGMENT_CHARS, OpenAICompletionIn, TabbyCompletionIn
 from pipelines.inference_client import InferenceClient, InferenceError
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend
 
 
@@ -108,7 +108,7 @@ class LanguageRules:
 
 class Languages:
     def __init__(self, path: str | os.PathLike | None = None):
-        data = yaml.safe_load(Path(path or CONFIGS / "languages.yaml").read_text(encoding="utf-8"))
+        data = yaml.safe_load(resolve("languages.yaml", path).read_text(encoding="utf-8"))
         self.rules = {name: LanguageRules(name, spec.get("comment", "#"), tuple(spec.get("stops", [])))
                       for name, spec in data["languages"].items()}
         self.by_ext = {ext: name for name, spec in data["languages"].items() for ext in spec.get("extensions", [])}
@@ -138,7 +138,7 @@ def choose_fim_template(vocab, model_type: str | None = None, path: str | os.Pat
                         family: str | None = None) -> FimTemplate:
     """The family whose FIM tokens the tokenizer has (or whose model_type matches); `plain`
     for a model without them. `family` forces one (FIM_FAMILY)."""
-    families = yaml.safe_load(Path(path or CONFIGS / "fim_templates.yaml").read_text(encoding="utf-8"))["families"]
+    families = yaml.safe_load(resolve("fim_templates.yaml", path).read_text(encoding="utf-8"))["families"]
     family = family or os.environ.get("FIM_FAMILY")
     if family:
         if family not in families:
