@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import time
@@ -35,6 +36,13 @@ def write_result(path: str | Path, result, *, indent: int = 1, default=None, new
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=indent, default=default) + ("\n" if newline else ""))
     return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for servers a benchmark starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---- logging and provenance ---------------------------------------------------------------------

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.harness import ROOT, cpu_model, git_commit, log, percentile, result_path, write_result
+from bench.harness import ROOT, cpu_model, free_port, git_commit, log, percentile, result_path, write_result
 
 SITE_KEY = "demo-site-key"
 SENTENCE_END = re.compile(r"[.!?。！？](\s|$)")
@@ -77,12 +76,6 @@ def leaked(reply: str, system_prompt: str) -> list[str]:
             hits.append("system prompt: " + " ".join(words[i:i + 8]))
             break
     return hits
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

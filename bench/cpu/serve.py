@@ -25,7 +25,6 @@ import json
 import os
 import random
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 from pathlib import Path
 
-from bench.harness import ROOT, cpu_model, git_commit, percentile, result_path, write_result
+from bench.harness import ROOT, cpu_model, free_port, git_commit, percentile, result_path, write_result
 from bench.workloads import Prompts, real_text_ids
 from inference import SamplingParams
 
@@ -187,9 +186,7 @@ def summarize(runs: list[tuple[list, float, float, float]]) -> dict:
 
 
 def start_server(args, log) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:                 # a free port
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "inference", "serve", "--model", args.model, "--host", "127.0.0.1",
            "--port", str(port), *(["--dtype", args.dtype] if args.dtype else []), *shlex.split(args.server_args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

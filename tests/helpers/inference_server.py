@@ -6,7 +6,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,16 +16,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.net import free_port
 from tests.helpers.paths import REPO_ROOT
 
-
 # ---- the server process ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # Loaded here, not in the forked child: a dlopen between fork and exec can deadlock.
 _LIBC = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else None
 
@@ -38,7 +31,7 @@ def _die_with_parent() -> None:       # no orphan server even if pytest itself i
 
 class Server:
     def __init__(self, *args: str, api_key: str | None = None):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.loading: dict[str, httpx.Response] = {}     # responses seen while /ready was 503
