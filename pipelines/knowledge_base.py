@@ -28,6 +28,7 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 
 from configs import resolve, shipped
+from pipelines.answer_spans import Span, chunk_spans
 from pipelines.embedding_cache import cached_embeddings
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,14 @@ def tokenize(text: str) -> list[str]:
     return tokens
 
 
+def stem(word: str) -> str:
+    """A light suffix strip, so "refunds", "refunded" and "refunding" meet "refund"."""
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
 @dataclass(frozen=True)
 class Chunk:
     title: str          # the article's title
@@ -70,6 +79,16 @@ class Passage:
     chunk: Chunk
     score: float        # RRF score
     similarity: float   # cosine to the query
+
+
+@dataclass(frozen=True)
+class _Index:
+    chunks: list[Chunk]
+    vectors: np.ndarray | None          # [C, dim] chunk embeddings, None when lexical only
+    bm25: BM25Okapi
+    spans: list[Span]                   # the answer spans of all chunks
+    span_vectors: np.ndarray | None     # [S, dim]
+    span_ids: dict                      # chunk -> indices into spans
 
 
 def chunk_article(text: str, source: str) -> list[Chunk]:
@@ -114,8 +133,7 @@ class KnowledgeBase:
         self._lock = threading.Lock()
         self._checked = 0.0
         self.fingerprint = ""
-        # (chunks, [C, dim] embeddings or None when lexical only, BM25 over the chunks)
-        self._index: tuple[list[Chunk], np.ndarray | None, BM25Okapi] = ([], None, None)
+        self._index: _Index | None = None
         self.num_builds = 0
         self._reload(self._fingerprint())
 
@@ -131,31 +149,62 @@ class KnowledgeBase:
         return h.hexdigest()[:24]
 
     def _reload(self, fingerprint: str) -> None:
-        chunks = [c for p in self._files()
-                  for c in chunk_article(p.read_text(encoding="utf-8", errors="replace"),
-                                         str(p.relative_to(self.path)))]
+        chunks = []
+        for p in self._files():
+            name = str(p.relative_to(self.path))
+            try:
+                text = p.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"knowledge base: {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            found = chunk_article(text, name)
+            if not found:
+                raise ValueError(f"knowledge base: {p} has no text under its headings (an empty or broken article)")
+            chunks.extend(found)
         if not chunks:
-            raise ValueError(f"knowledge base: no Markdown articles with text in {self.path}")
-        vecs = None
+            raise ValueError(f"knowledge base: no Markdown articles in {self.path}")
+        spans = [s for c in chunks for s in chunk_spans(c)]
+        vecs = span_vecs = None
         if self.embed is not None:
-            vecs = self._vectors(chunks, fingerprint)
+            vecs, fresh = cached_embeddings(self.embed, [c.embedding_text for c in chunks], self.cache_dir,
+                                            fingerprint)
+            span_vecs, fresh_spans = cached_embeddings(self.embed, [s.context for s in spans], self.cache_dir,
+                                                       f"{fingerprint}-spans")
+            self.num_builds += fresh or fresh_spans
         bm25 = BM25Okapi([tokenize(f"{c.title} {c.section} {c.text}") for c in chunks])
-        self._index = (chunks, vecs, bm25)                  # one swap: searches never mix versions
+        by_chunk: dict[Chunk, list[int]] = {}
+        for i, s in enumerate(spans):
+            by_chunk.setdefault(s.chunk, []).append(i)
+        # one swap: searches never mix versions
+        self._index = _Index(chunks, vecs, bm25, spans, span_vecs, by_chunk)
         self.fingerprint = fingerprint
-
-    def _vectors(self, chunks: list[Chunk], fingerprint: str) -> np.ndarray:
-        """[C, dim] chunk embeddings: from the on-disk cache, else embedded now and cached."""
-        vecs, computed = cached_embeddings(self.embed, [c.embedding_text for c in chunks], self.cache_dir, fingerprint)
-        self.num_builds += computed
-        return vecs
 
     @property
     def chunks(self) -> list[Chunk]:
-        return self._index[0]
+        return self._index.chunks
 
     @property
     def lexical_only(self) -> bool:
-        return self._index[1] is None
+        return self._index.vectors is None
+
+    def spans(self, chunks: list[Chunk]) -> tuple[list[Span], np.ndarray | None]:
+        """The answer spans of these chunks, in order, and their [S, dim] embeddings (None when
+        the index is lexical only), from the same version of the index."""
+        index = self._index
+        ids = [i for c in chunks for i in index.span_ids.get(c, ())]
+        vecs = index.span_vectors[ids] if index.span_vectors is not None else None
+        return [index.spans[i] for i in ids], vecs
+
+    @property
+    def max_idf(self) -> float:
+        return max(self._index.bm25.idf.values(), default=1.0)
+
+    def knows(self, word: str) -> bool:
+        """Whether any chunk uses the word (as tokenize writes it)."""
+        return word in self._index.bm25.idf
+
+    def idf(self, word: str) -> float:
+        """The word's BM25 inverse document frequency over the chunks (0 for an unseen word)."""
+        return max(0.0, float(self._index.bm25.idf.get(word, 0.0)))
 
     def refresh(self) -> None:
         """Rebuild the index if the folder changed (at most one check per check_interval). A
@@ -185,7 +234,7 @@ class KnowledgeBase:
         """BM25 alone, for when no embeddings can be had (the inference service is down): up to k
         passages that contain at least `min_matched` of the query's distinct words, best first."""
         self.refresh()
-        chunks, _, bm25 = self._index
+        chunks, bm25 = self._index.chunks, self._index.bm25
         words = sorted(set(tokenize(query)))
         if not words:
             return []
@@ -204,7 +253,7 @@ class KnowledgeBase:
     def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20) -> list[Passage]:
         """Up to k passages, best first; [] when nothing clears the relevance gate."""
         self.refresh()
-        chunks, vectors, bm25 = self._index
+        chunks, vectors, bm25 = self._index.chunks, self._index.vectors, self._index.bm25
         if vectors is None:
             raise ValueError("knowledge base: a lexical-only index has no embeddings; use search_lexical")
         sims = vectors @ query_vec                                                   # [C]

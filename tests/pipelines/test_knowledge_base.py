@@ -113,5 +113,18 @@ def test_bad_files_and_a_corrupt_cache_do_not_break_search(embedder, tmp_path):
     assert again.num_builds == 1
     (folder / "latin1.md").write_bytes("# Caf\xe9 mugs\n\nOur caf\xe9 mugs hold 350 ml.\n".encode("latin-1"))
     q = "How much does gift wrapping cost?"
-    assert kb.search(q, embedder.embed([q])[0])[0].chunk.source == "gift.md"
-    assert len(kb.chunks) == 2                        # the undecodable bytes were replaced, not fatal
+    assert kb.search(q, embedder.embed([q])[0])[0].chunk.source == "gift.md"   # a broken edit keeps the index
+    assert len(kb.chunks) == 1
+    with pytest.raises(ValueError, match=r"latin1\.md is not UTF-8"):            # at start: an error naming it
+        KnowledgeBase(embedder.embed, folder, cache)
+
+
+def test_an_empty_article_or_folder_is_a_startup_error_naming_it(tmp_path):
+    folder = tmp_path / "kb"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="no Markdown articles"):
+        KnowledgeBase(None, folder, tmp_path / "c")
+    (folder / "ok.md").write_text("# Gift wrap\n\nGift wrapping costs $3 per item.\n", encoding="utf-8")
+    (folder / "empty.md").write_text("# Nothing here\n\n## Yet\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"empty\.md has no text"):
+        KnowledgeBase(None, folder, tmp_path / "c")
