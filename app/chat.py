@@ -181,12 +181,12 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
     metrics = current_app.extensions["web_metrics"]
 
     def finish(reply: ChatReply) -> dict:
-        metrics.turn(reply.intent, reply.degraded, reply.handoff, reply.blocked)
+        metrics.turn(reply.intent, reply.degraded, reply.handoff, reply.blocked, reply.grounding)
         # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
         flag = {"blocked": True} if reply.blocked else {}
         store.append(tid, sid, {"role": "user", "content": clean, "time": asked_at, **flag})
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
-                  "degraded": reply.degraded, "time": time.time(), **flag}
+                  "degraded": reply.degraded, "grounding": reply.grounding, "time": time.time(), **flag}
         index = store.append(tid, sid, record)
         if reply.handoff:
             _start_handoff(tid, sid)

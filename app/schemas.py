@@ -123,6 +123,10 @@ class ChatReplyOut(BaseModel):
     citations: list[Citation]
     handoff: bool
     degraded: bool = Field(description="true when the model was unavailable and the reply is a KB excerpt")
+    grounding: Literal["quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified",
+                       "free"] | None = Field(
+        None, description="how the reply is grounded in the help centre (null for canned replies: handoff, "
+                          "greeting, refusals, degraded excerpts)")
     message_index: int
 
 

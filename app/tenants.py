@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from configs import resolve, shipped
+from pipelines.grounded_answer import ANSWER_MODES
 from pipelines.support_chat import Tenant
 
 DEFAULT_PATH = shipped("tenants.yaml")
@@ -51,13 +52,16 @@ class TenantRegistry:
             policy = spec.get("banned_input_policy", "block")
             if policy not in ("block", "mask"):
                 raise ValueError(f"tenants: {tid!r} banned_input_policy must be block or mask, got {policy!r}")
+            mode = spec.get("answer_mode", "extractive")
+            if mode not in ANSWER_MODES:
+                raise ValueError(f"tenants: {tid!r} answer_mode must be one of {', '.join(ANSWER_MODES)}, got {mode!r}")
             hashes = tuple(spec.get("api_keys") or ())
             bad = [h for h in hashes if not isinstance(h, str) or not _HASH.match(h)]
             if bad:
                 raise ValueError(f"tenants: {tid!r} api_keys must be 'sha256:<64 hex>' hashes (python -m app "
                                  f"hash-key KEY), not keys; got {len(bad)} other value(s)")
             self.tenants.append(TenantConfig(
-                Tenant(str(tid), spec.get("name", str(tid)), spec["system_prompt"], policy),
+                Tenant(str(tid), spec.get("name", str(tid)), spec["system_prompt"], policy, mode),
                 str(spec["site_key"]), tuple(spec.get("allowed_origins") or ()), hashes))
         if not self.tenants:
             raise ValueError(f"tenants: {path} defines no tenants")

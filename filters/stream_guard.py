@@ -9,14 +9,22 @@ never a rescan of everything so far.
 
     released ........|  context  |        held window         |<- new piece
                      '-- scanned, not re-released ------------'
+
+With a `sentence_check`, released text is further held until a sentence is complete, and each
+sentence goes out only as the check returns it: unchanged, replaced, or dropped (None). The
+first sentence waits for its end; the rest stream sentence by sentence.
 """
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
 
 from filters.banned_words import BannedWordFilter, mask_spans
 from filters.normalize import fold_char
 from filters.pii import MAX_PII_LEN, PLACEHOLDERS, find_pii
 
 _CONTEXT = 16          # released characters kept for boundary checks (word edges, lookbehinds)
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|[。！？]|\n")
 
 
 def sanitize_spans(text: str, banned: BannedWordFilter | None, pii: bool) -> list[tuple[int, int, str | None]]:
@@ -56,9 +64,11 @@ def sanitize(text: str, banned: BannedWordFilter | None, pii: bool = True) -> st
 
 
 class StreamGuard:
-    def __init__(self, banned: BannedWordFilter | None, pii: bool = True, release_every: int = 32):
+    def __init__(self, banned: BannedWordFilter | None, pii: bool = True, release_every: int = 32,
+                 sentence_check: Callable[[str], str | None] | None = None):
         """release_every: scan only once this many characters beyond the window are held (about
-        8 tokens), so each character is scanned a few times rather than once per piece."""
+        8 tokens), so each character is scanned a few times rather than once per piece.
+        sentence_check(sentence) -> the text to show for it, or None to drop it."""
         if release_every < 1:
             raise ValueError(f"release_every: must be >= 1, got {release_every}")
         self.banned, self.pii, self.release_every = banned, pii, release_every
@@ -68,15 +78,45 @@ class StreamGuard:
         self._held = ""          # raw text not released yet
         self.num_masked = 0      # spans replaced so far
         self.kinds: set[str] = set()
+        self.sentence_check = sentence_check
+        self._sentence = ""      # released text of a sentence not complete yet
+        self.num_dropped = 0     # sentences the check dropped or replaced
 
     def feed(self, piece: str) -> str:
         """Add a piece of the reply; returns the text that is now safe to show (maybe '')."""
         self._held += piece
-        return self._release(final=False)
+        return self._sentences(self._release(final=False), final=False)
 
     def finish(self) -> str:
         """The end of the reply: releases the rest."""
-        return self._release(final=True)
+        return self._sentences(self._release(final=True), final=True)
+
+    def _sentences(self, text: str, final: bool) -> str:
+        if self.sentence_check is None:
+            return text
+        self._sentence += text
+        out = []
+        while True:
+            m = _SENTENCE_END.search(self._sentence)
+            if m is None:
+                break
+            end = m.end()
+            while end < len(self._sentence) and self._sentence[end] in " \t":
+                end += 1                                  # the spaces after it go with it
+            sentence, self._sentence = self._sentence[:end], self._sentence[end:]
+            out.append(self._check(sentence))
+        if final and self._sentence:
+            out.append(self._check(self._sentence))
+            self._sentence = ""
+        return "".join(out)
+
+    def _check(self, sentence: str) -> str:
+        if not sentence.strip():
+            return sentence
+        kept = self.sentence_check(sentence)
+        if kept != sentence:
+            self.num_dropped += 1
+        return kept or ""
 
     def _release(self, final: bool) -> str:
         held = self._held

@@ -39,6 +39,9 @@ class WebMetrics:
         self.first_token = Histogram("chat_first_token_seconds", "Chat message received -> first text out",
                                      buckets=LATENCY_BUCKETS, registry=r)
         self.turns = Counter("chat_turns_total", "Chat turns answered", ["intent", "outcome"], registry=r)
+        self.grounding = Counter("chat_grounding_total", "Answered chat turns by how the reply is grounded: "
+                                 "quoted, verified_generated, sentence_dropped, unanswerable, clarified, free",
+                                 ["outcome"], registry=r)
         self.feedback = Counter("chat_feedback_total", "Chat feedback", ["rating"], registry=r)
         self.filter_blocks = Counter("chat_filter_blocks_total", "Chat messages blocked by a filter", ["filter"],
                                      registry=r)
@@ -60,9 +63,12 @@ class WebMetrics:
 
         app.extensions["web_metrics"] = self
 
-    def turn(self, intent: str, degraded: bool, handoff: bool, blocked: str | None) -> None:
+    def turn(self, intent: str, degraded: bool, handoff: bool, blocked: str | None,
+             grounding: str | None = None) -> None:
         outcome = "blocked" if blocked else "handoff" if handoff else "degraded" if degraded else "answered"
         self.turns.labels(intent, outcome).inc()
+        if grounding:
+            self.grounding.labels(grounding).inc()
         if blocked:
             self.filter_blocks.labels(blocked).inc()
 

@@ -2,8 +2,11 @@
 
     message -> input compliance (PII redacted, banned terms blocked or masked, injection refused)
             -> intent (embedding) -> handoff / clarify shortcuts
-            -> knowledge-base search (same embedding) -> nothing found: say so, offer a human
-            -> prompt -> generation (streamed) -> StreamGuard (banned terms, PII) -> reply + citations
+            -> follow-up resolved with the previous question; Chinese read through the glossary
+            -> knowledge-base search -> answer selection (pipelines.answer_selection)
+            -> nothing answers it: say so, offer a human; two articles disagree: ask which
+            -> reply by the tenant's answer_mode (pipelines.grounded_answer): quoted spans, or
+               generation verified sentence by sentence in StreamGuard -> reply + citations
 
 `respond` yields ("token", text) events while the reply streams and ends with ("done", ChatReply).
 Canned replies (blocked, handoff, clarify, not found) never call the model. If generation fails,
@@ -24,15 +27,28 @@ import numpy as np
 
 from filters.banned_words import BannedWordFilter
 from filters.injection import detect_injection
+from filters.leakage import LeakFilter, strip_markers
 from filters.pii import redact_pii
 from filters.stream_guard import StreamGuard
+from pipelines import followup
+from pipelines.answer_selection import AnswerSelector, Selection
+from pipelines.answer_verifier import SentenceVerifier
+from pipelines.grounded_answer import (
+    GROUNDED_RULES,
+    clarifying_question,
+    grounded_messages,
+    missing_facts,
+    quoted_reply,
+)
 from pipelines.inference_client import InferenceClient, InferenceError
 from pipelines.intent import IntentDetector, IntentResult
 from pipelines.knowledge_base import KnowledgeBase, Passage
-from pipelines.prompt import build_messages
+from pipelines.prompt import RULES, build_messages
+from pipelines.query_translation import Glossary
 
 log = logging.getLogger(__name__)
 _CJK = re.compile(r"[\u3400-\u9fff]")
+GROUNDED_MAX_TOKENS = 96          # a grounded reply is a sentence or two
 
 CANNED = {
     "blocked": (("I'm sorry, I can't help with that request. Is there anything else about your order or our "
@@ -49,6 +65,8 @@ CANNED = {
                   "我在帮助中心没有找到相关内容，不想随意猜测。需要为您转接人工客服吗？"),
     "degraded": ("Our assistant is busy right now. Here is what our help centre says:",
                  "助手暂时繁忙，以下是帮助中心的相关内容："),
+    "greeting": ("Hello! How can I help you today? You can ask about orders, shipping, returns, your account "
+                 "or our products.", "您好！请问有什么可以帮您？您可以咨询订单、配送、退货、账户或商品相关问题。"),
 }
 
 
@@ -70,6 +88,7 @@ class ChatReply:
     handoff: bool = False
     degraded: bool = False
     blocked: str | None = None                                # why the input was refused, if it was
+    grounding: str | None = None                              # pipelines.grounded_answer.OUTCOMES, if answered
 
 
 @dataclass
@@ -78,15 +97,19 @@ class Tenant:
     name: str
     system_prompt: str
     banned_input_policy: str = "block"                        # block | mask
+    answer_mode: str = "extractive"                           # pipelines.grounded_answer.ANSWER_MODES
 
 
 class SupportChat:
     def __init__(self, client: InferenceClient, detector: IntentDetector, kb: KnowledgeBase,
                  banned: BannedWordFilter, temperature: float = 0.7, max_tokens: int = 512,
-                 prompt_budget: int = 1400, top_k: int = 3):
+                 prompt_budget: int = 1400, top_k: int = 3, glossary: Glossary | None = None,
+                 selector: AnswerSelector | None = None):
         self.client, self.detector, self.kb, self.banned = client, detector, kb, banned
         self.temperature, self.max_tokens, self.prompt_budget, self.top_k = (
             temperature, max_tokens, prompt_budget, top_k)
+        self.glossary = glossary or Glossary()
+        self.selector = selector or AnswerSelector(kb)
 
     def clean_input(self, text: str, tenant: Tenant) -> tuple[str, str | None]:
         """(text with PII redacted and, under the mask policy, banned terms masked; why it is
@@ -120,9 +143,13 @@ class SupportChat:
             yield from self._canned(reply, ChatReply(reply, "blocked", 1.0, blocked=blocked))
             return
         qvec = None
+        resolved = followup.resolve(history, clean_text)
+        query = self.glossary.to_english(resolved.query)
         if not (self.detector.lexical_only or self.kb.lexical_only):
             try:
-                qvec = np.asarray(self.client.embed([clean_text]), dtype=np.float32)[0]
+                texts = [clean_text] if query == clean_text else [clean_text, query]
+                vecs = np.asarray(self.client.embed(texts), dtype=np.float32)
+                qvec, svec = vecs[0], vecs[-1]
             except InferenceError:
                 pass
         if qvec is None:
@@ -132,12 +159,98 @@ class SupportChat:
         if intent.intent == "human_agent":
             yield from self._handoff(clean_text, intent)
             return
-        found = [] if intent.intent == "greeting" else self.kb.search(clean_text, qvec, self.top_k)
+        mode = tenant.answer_mode
+        if intent.intent == "greeting" and mode != "free":
+            reply = canned("greeting", clean_text)
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
+            return
+        found = [] if intent.intent == "greeting" else self.kb.search(query, svec, self.top_k)
         if not found and intent.intent != "greeting":
             key = "clarify" if not intent.confident else "not_found"
             reply = canned(key, clean_text)
-            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence,
+                                                     grounding="unanswerable" if key == "not_found" else None))
             return
+        if mode == "free":
+            yield from self._generate_free(tenant, history, clean_text, found, intent)
+            return
+        focus = self.glossary.to_english(resolved.focus) if resolved.focus else ""
+        selection = self.selector.select(query, svec, found, focus=focus, avoid=resolved.previous_reply,
+                                         translated=query != resolved.query,
+                                         focus_vec=qvec if resolved.is_followup and query == resolved.query else None)
+        if selection.conflict is not None:
+            reply = clarifying_question(*selection.conflict, clean_text)
+            cites = _citations([Passage(s.chunk, 0.0, 0.0) for s in selection.conflict])
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, cites,
+                                                     grounding="clarified"))
+            return
+        if not selection.answerable:
+            reply = canned("not_found", clean_text)
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence,
+                                                     grounding="unanswerable"))
+            return
+        citations = _citations([Passage(s.chunk, 0.0, 0.0) for s in selection.spans])
+        if mode == "extractive":
+            reply = quoted_reply(selection.spans, clean_text)
+            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, citations,
+                                                     grounding="quoted"))
+            return
+        yield from self._generate_grounded(tenant, history, clean_text, selection, intent, citations)
+
+    def _leak_filter(self, tenant: Tenant) -> LeakFilter:
+        return LeakFilter([tenant.system_prompt, RULES, GROUNDED_RULES])
+
+    def _stream(self, messages: list[dict], guard: StreamGuard, parts: list[str],
+                max_tokens: int | None = None) -> Iterator[tuple[str, object]]:
+        context = self.client.max_model_len()
+        for piece in self.client.chat_stream(messages, temperature=self.temperature,
+                                             max_tokens=min(max_tokens or self.max_tokens, context // 2)):
+            out = guard.feed(piece)
+            if out:
+                parts.append(out)
+                yield "token", out
+        tail = guard.finish()
+        if tail:
+            parts.append(tail)
+            yield "token", tail
+
+    def _generate_grounded(self, tenant: Tenant, history: list[dict], clean_text: str, selection: Selection,
+                           intent: IntentResult, citations: list[dict]) -> Iterator[tuple[str, object]]:
+        """The model writes from the selected spans; StreamGuard releases only verified sentences."""
+        sources = [s.chunk.text for s in selection.spans]
+        spans, vecs = self.kb.spans(list(dict.fromkeys(s.chunk for s in selection.spans)))
+        if vecs is not None:
+            vecs = vecs[[i for i, s in enumerate(spans) if s in selection.spans]]
+        verifier = SentenceVerifier(sources, self._leak_filter(tenant), names=(tenant.name,),
+                                    embed=self.client.embed, source_vecs=vecs)
+
+        def check(sentence: str) -> str | None:
+            sentence = strip_markers(sentence) + (" " if sentence[-1:].isspace() else "")
+            return sentence if verifier.check(sentence).ok else None
+
+        guard = StreamGuard(self.banned, sentence_check=check)
+        parts: list[str] = []
+        messages = grounded_messages(tenant.system_prompt, selection, history, clean_text)
+        try:
+            yield from self._stream(messages, guard, parts, GROUNDED_MAX_TOKENS)
+        except InferenceError as exc:
+            log.warning("generation failed (%s); answering from the help centre", exc)
+            yield from self._degraded(clean_text, [Passage(s.chunk, 0.0, 0.0) for s in selection.spans],
+                                      intent, parts)
+            return
+        said = "".join(parts).strip()
+        if not said or missing_facts(said, selection.spans):
+            quote = quoted_reply(selection.spans, clean_text)
+            piece = f"{' ' if said else ''}{quote}"
+            parts.append(piece)
+            yield "token", piece
+        outcome = "sentence_dropped" if guard.num_dropped or not said else "verified_generated"
+        yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, citations,
+                                grounding=outcome)
+
+    def _generate_free(self, tenant: Tenant, history: list[dict], clean_text: str, found: list[Passage],
+                       intent: IntentResult) -> Iterator[tuple[str, object]]:
+        """The model writes from the retrieved passages; only leaked sentences are held back."""
         try:
             # the prompt and the reply share the model's context
             context = self.client.max_model_len()
@@ -155,24 +268,22 @@ class SupportChat:
             reply = canned("not_found", clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
-        citations = _citations(passages)
-        guard = StreamGuard(self.banned)
+        leak = self._leak_filter(tenant)
+
+        def check(sentence: str) -> str | None:
+            sentence = strip_markers(sentence) + (" " if sentence[-1:].isspace() else "")
+            return None if leak.leaks(sentence) else sentence
+
+        guard = StreamGuard(self.banned, sentence_check=check)
         parts: list[str] = []
         try:
-            for piece in self.client.chat_stream(messages, temperature=self.temperature, max_tokens=max_tokens):
-                out = guard.feed(piece)
-                if out:
-                    parts.append(out)
-                    yield "token", out
+            yield from self._stream(messages, guard, parts)
         except InferenceError as exc:
             log.warning("generation failed (%s); answering from the help centre", exc)
             yield from self._degraded(clean_text, passages, intent, parts)
             return
-        tail = guard.finish()
-        if tail:
-            parts.append(tail)
-            yield "token", tail
-        yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, citations)
+        yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, _citations(passages),
+                                grounding="free")
 
     def _respond_lexical(self, text: str) -> Iterator[tuple[str, object]]:
         """No embeddings (the inference service is down, or the pipeline was built while it was):

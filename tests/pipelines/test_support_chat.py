@@ -10,7 +10,9 @@ from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
 from pipelines.support_chat import SupportChat, Tenant
 
-TENANT = Tenant("demo", "Northwind Goods", "You help Northwind customers.")
+# generation paths: the model's text is what streams (answer modes: tests/pipelines/test_grounded_chat.py)
+TENANT = Tenant("demo", "Northwind Goods", "You help Northwind customers.", answer_mode="free")
+GROUNDED = Tenant("demo", "Northwind Goods", "You help Northwind customers.", answer_mode="grounded_generation")
 
 
 class Core:
@@ -45,9 +47,9 @@ def parts(embedder, tmp_path_factory):
             KnowledgeBase(embedder.embed, cache_dir=tmp_path_factory.mktemp("kb")), BannedWordFilter.from_file())
 
 
-def turn(parts, core, text="How long does a refund take?"):
+def turn(parts, core, text="How long does a refund take?", tenant=TENANT):
     chat = SupportChat(core, *parts)
-    events = list(chat.respond(TENANT, [], text))
+    events = list(chat.respond(tenant, [], text))
     assert events[-1][0] == "done" and all(k == "token" for k, _ in events[:-1])
     return "".join(v for k, v in events[:-1]), events[-1][1]
 
@@ -59,9 +61,10 @@ def test_reply_is_filtered_while_it_streams(parts, embedder):
     assert "[EMAIL]" in reply.reply and reply.citations and not reply.degraded
 
 
-@pytest.mark.parametrize("fail", ["embed", "tokens", "mid-stream"])
-def test_failures_degrade_instead_of_raising(parts, embedder, fail):
-    _, reply = turn(parts, Core(embedder, ["Refunds ", "take ", "five ", "days."], fail=fail))
+@pytest.mark.parametrize("tenant,fail", [(TENANT, "embed"), (TENANT, "tokens"), (TENANT, "mid-stream"),
+                                         (GROUNDED, "embed"), (GROUNDED, "mid-stream")])
+def test_failures_degrade_instead_of_raising(parts, embedder, tenant, fail):
+    _, reply = turn(parts, Core(embedder, ["Refunds ", "take ", "five ", "days."], fail=fail), tenant=tenant)
     assert reply.degraded and "human" in reply.reply.lower()
     # the best passage is still cited (without embeddings: found by keywords alone)
     assert reply.citations and reply.citations[0]["source"].startswith("kb/")

@@ -1,0 +1,65 @@
+"""How a grounded reply is composed from the selected answer spans, per tenant `answer_mode`:
+
+    extractive           the reply quotes the span(s); no model call. Outcome "quoted".
+    grounded_generation  the model writes from the selected spans only; every sentence is verified
+                         (pipelines.answer_verifier) before it streams; a failing sentence is
+                         dropped, and the quoted span is added when what survived lost the facts.
+                         Outcome "verified_generated", or "sentence_dropped" if any was dropped.
+    free                 the model writes from the retrieved passages, only the prompt-leak check
+                         applies. Outcome "free".
+
+Turns the help centre cannot answer get "unanswerable"; a question the help centre answers two
+ways gets one clarifying question ("clarified").
+"""
+from __future__ import annotations
+
+import re
+
+from pipelines.answer_selection import NUMBER, Selection
+from pipelines.answer_spans import Span
+
+ANSWER_MODES = ("extractive", "grounded_generation", "free")
+OUTCOMES = ("quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified", "free")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+GROUNDED_RULES = ("Answer the customer in one or two short sentences using only the facts below. Copy every "
+                  "number, price, duration and name exactly as the facts write it. Do not add anything else.")
+
+
+def quoted_reply(spans: list[Span], question: str) -> str:
+    """The reply that states the spans as the help centre writes them."""
+    body = " ".join(s.quote for s in spans)
+    if _CJK.search(question):
+        return f"根据帮助中心《{spans[0].chunk.title}》：{body}"
+    return body
+
+
+def clarifying_question(a: Span, b: Span, question: str) -> str:
+    """One question asking which of two differently answering articles is meant."""
+    first, second = _topic(a), _topic(b)
+    if _CJK.search(question):
+        return f"帮助中心对此有两种说明，取决于具体情况：您问的是「{first}」还是「{second}」？"
+    return (f"Our help centre answers this two ways, depending on what you mean. Is your question about "
+            f"{first}, or about {second}?")
+
+
+def _topic(span: Span) -> str:
+    c = span.chunk
+    return f"{c.title} ({c.section})" if c.section else c.title
+
+
+def grounded_messages(system_prompt: str, selection: Selection, history: list[dict], user_text: str,
+                      max_history: int = 4) -> list[dict]:
+    """The prompt for grounded generation: the selected spans as the only facts."""
+    facts = "\n".join(f"- {s.quote}" for s in selection.spans)
+    kept = [{"role": m["role"], "content": m["content"]} for m in history
+            if m.get("role") in ("user", "assistant") and m.get("content") and not m.get("blocked")][-max_history:]
+    system = f"{system_prompt.strip()}\n\n{GROUNDED_RULES}"
+    return [{"role": "system", "content": system}, *kept,
+            {"role": "user", "content": f"Facts:\n{facts}\n\nQuestion: {user_text}"}]
+
+
+def missing_facts(reply: str, spans: list[Span]) -> bool:
+    """The spans state figures and the reply states none of them."""
+    figures = {n for s in spans for n in NUMBER.findall(s.text)}
+    return bool(figures) and not any(n in reply for n in figures)

@@ -1,0 +1,63 @@
+"""Answer selection on a help centre the code has not seen: the span that answers, the question
+the help centre cannot answer, a follow-up, and two articles that disagree."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines.answer_selection import AnswerSelector, question_kind
+from pipelines.knowledge_base import KnowledgeBase
+from tests.pipelines.grounding_kb import write_kb
+
+
+@pytest.fixture(scope="module")
+def kb(embedder, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grounding")
+    return KnowledgeBase(embedder.embed, write_kb(root / "kb"), root / "cache")
+
+
+def select(kb, embedder, question, **kw):
+    vec = embedder.embed([question])[0]
+    return AnswerSelector(kb).select(question, vec, kb.search(question, vec, 3), **kw)
+
+
+@pytest.mark.parametrize("question,fact", [
+    ("How much is tuning a grand piano?", "165 EUR"),
+    ("how long does a tuning visit take", "90 minutes"),
+    ("If I cancel the day before, what does it cost?", "30 EUR"),
+    ("How far ahead can I book a tuning?", "8 weeks"),
+    ("how long should I wait to tune after moving my piano", "3 weeks"),
+    ("is the first lesson free?", "free 30-minute trial"),
+])
+def test_the_span_stating_the_fact_is_selected(kb, embedder, question, fact):
+    sel = select(kb, embedder, question)
+    assert sel.answerable and fact in " ".join(s.quote for s in sel.spans), [c.span.quote for c in sel.candidates[:3]]
+
+
+@pytest.mark.parametrize("question", ["Do you repair violins?", "What is the wifi password at the studio?",
+                                      "Can I pay in bitcoin?"])
+def test_questions_the_help_centre_does_not_answer_select_nothing(kb, embedder, question):
+    vec = embedder.embed([question])[0]
+    found = kb.search(question, vec, 3)
+    assert not found or not AnswerSelector(kb).select(question, vec, found).answerable
+
+
+def test_a_followup_prefers_its_own_words_and_a_new_fact(kb, embedder):
+    first = select(kb, embedder, "How much is a visit for an upright piano?")
+    assert "120 EUR" in first.spans[0].quote
+    question = "How much is a visit for an upright piano? and for a grand?"
+    second = select(kb, embedder, question, focus="and for a grand?", avoid=first.spans[0].quote)
+    assert "165 EUR" in second.spans[0].quote
+
+
+def test_question_kinds():
+    assert question_kind("How long does it take?").search("3 business days")
+    assert not question_kind("How long does it take?").search("at our studio")
+    assert question_kind("How much is it?").search("120 EUR") and question_kind("How much is it?").search("$120")
+    assert not question_kind("How much is it?").search("in 3 weeks")
+    assert question_kind("what time do you open").search("9:00 am")
+    assert question_kind("Where is the studio?") is None
+
+
+def test_min_score_is_checked(kb):
+    with pytest.raises(ValueError, match="min_score"):
+        AnswerSelector(kb, min_score=2)

@@ -1,0 +1,119 @@
+"""Grounded answers through the support-chat pipeline, on a help centre the code has not seen:
+quoted replies, verified generation (an invented figure is dropped), prompt leaks, questions the
+help centre cannot answer, follow-ups and two articles that disagree."""
+from __future__ import annotations
+
+import pytest
+
+from filters.banned_words import BannedWordFilter
+from pipelines.intent import IntentDetector, load_intents
+from pipelines.knowledge_base import KnowledgeBase
+from pipelines.support_chat import SupportChat, Tenant
+from tests.pipelines.grounding_kb import write_kb
+
+PROMPT = "You are the assistant of Keys & Strings, a piano-tuning service."
+EXTRACTIVE = Tenant("keys", "Keys & Strings", PROMPT)
+GROUNDED = Tenant("keys", "Keys & Strings", PROMPT, answer_mode="grounded_generation")
+
+
+class Core:
+    def __init__(self, embedder, pieces=None):
+        self.embedder, self.pieces, self.prompts = embedder, pieces, []
+
+    def embed(self, texts):
+        return self.embedder.embed(texts)
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+    def max_model_len(self):
+        return 2048
+
+    def chat_stream(self, messages, **kw):
+        if self.pieces is None:
+            raise AssertionError("this answer mode must not call the model")
+        self.prompts.append(messages)
+        yield from self.pieces
+
+
+@pytest.fixture(scope="module")
+def parts(embedder, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grounded")
+    kb = KnowledgeBase(embedder.embed, write_kb(root / "kb"), root / "cache")
+    return IntentDetector(load_intents(), embedder.embed), kb, BannedWordFilter.from_file()
+
+
+def turn(parts, core, text, tenant=EXTRACTIVE, history=()):
+    events = list(SupportChat(core, *parts).respond(tenant, list(history), text))
+    assert events[-1][0] == "done" and all(k == "token" for k, _ in events[:-1])
+    streamed = "".join(v for _, v in events[:-1])
+    assert streamed.strip() == events[-1][1].reply
+    return events[-1][1]
+
+
+def test_extractive_quotes_the_answering_sentence_without_the_model(parts, embedder):
+    reply = turn(parts, Core(embedder), "How much does it cost to tune a grand piano?")
+    assert "165 EUR" in reply.reply and reply.grounding == "quoted"
+    assert reply.citations == [{"title": "Tuning Visits", "source": "kb/tuning-visits.md"}]
+
+
+def test_chinese_questions_are_answered_from_the_english_article(parts, embedder, tmp_path):
+    glossary = tmp_path / "g.yaml"
+    glossary.write_text("terms:\n  调音: tuning visit\n  三角钢琴: grand piano\n  多少钱: how much cost price\n",
+                        encoding="utf-8")
+    from pipelines.query_translation import Glossary
+    chat = SupportChat(Core(embedder), *parts, glossary=Glossary(glossary))
+    reply = list(chat.respond(EXTRACTIVE, [], "三角钢琴调音多少钱？"))[-1][1]
+    assert "165 EUR" in reply.reply and reply.reply.startswith("根据帮助中心《Tuning Visits》")
+
+
+def test_grounded_generation_drops_a_sentence_with_an_invented_figure(parts, embedder):
+    core = Core(embedder, ["Tuning a grand piano costs ", "165 EUR per visit. ", "Today you also get ",
+                           "a 20% discount on it."])
+    reply = turn(parts, core, "How much does it cost to tune a grand piano?", GROUNDED)
+    assert "165 EUR" in reply.reply and "20%" not in reply.reply
+    assert reply.grounding == "sentence_dropped"
+    facts = core.prompts[0][-1]["content"]
+    assert "165 EUR" in facts and "Moving a piano" not in facts         # only the selected spans
+
+
+def test_grounded_generation_that_verifies_streams_as_written(parts, embedder):
+    core = Core(embedder, ["A grand piano ", "tuning is 165 EUR per visit."])
+    reply = turn(parts, core, "How much does it cost to tune a grand piano?", GROUNDED)
+    assert reply.reply == "A grand piano tuning is 165 EUR per visit." and reply.grounding == "verified_generated"
+
+
+def test_a_reply_repeating_the_instructions_is_replaced_by_the_quote(parts, embedder):
+    core = Core(embedder, ["Copy every number, price, duration and name exactly as the facts write it. ",
+                           "Facts: [1] Tuning Visits - Booking a visit"])
+    reply = turn(parts, core, "How much does it cost to tune a grand piano?", GROUNDED)
+    assert "Copy every number" not in reply.reply and "Facts:" not in reply.reply and "[1]" not in reply.reply
+    assert "165 EUR" in reply.reply and reply.grounding == "sentence_dropped"
+
+
+@pytest.mark.parametrize("tenant", [EXTRACTIVE, GROUNDED])
+@pytest.mark.parametrize("question", ["Do you repair violins?", "Can I pay in bitcoin?"])
+def test_unanswerable_questions_say_so_and_offer_a_human(parts, embedder, tenant, question):
+    reply = turn(parts, Core(embedder), question, tenant)            # never reaches the model
+    assert reply.grounding in ("unanswerable", None) and "human" in reply.reply.lower()
+    assert not any(ch.isdigit() for ch in reply.reply)
+
+
+def test_a_followup_is_answered_with_the_previous_question(parts, embedder):
+    history = [{"role": "user", "content": "How much is a visit for an upright piano?"},
+               {"role": "assistant", "content": "Visit prices: Upright piano: 120 EUR per visit."}]
+    reply = turn(parts, Core(embedder), "and for a grand?", history=history)
+    assert "165 EUR" in reply.reply
+
+
+def test_two_articles_that_disagree_get_one_clarifying_question(embedder, tmp_path):
+    folder = write_kb(tmp_path / "kb")
+    (folder / "first-visit.md").write_text(
+        "# Your First Visit\n\n## How long it takes\n\nA standard tuning visit lasts about 60 minutes.\n",
+        encoding="utf-8")
+    parts = (IntentDetector(load_intents(), embedder.embed), KnowledgeBase(embedder.embed, folder, tmp_path / "c"),
+             BannedWordFilter.from_file())
+    reply = turn(parts, Core(embedder), "How long does a standard tuning visit last?")
+    assert reply.grounding == "clarified" and reply.reply.count("?") == 1
+    assert "Tuning Visits" in reply.reply and "Your First Visit" in reply.reply
+    assert {c["source"] for c in reply.citations} == {"kb/tuning-visits.md", "kb/first-visit.md"}
