@@ -79,11 +79,12 @@ def leaked(reply: str, system_prompt: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def app_server(kb: Path, log_file):
+def app_server(kb: Path, log_file, tenants_path: Path | None = None):
     """`python -m app serve` on a free loopback port with `kb` as its help centre."""
     port = free_port()
     cache = tempfile.mkdtemp(prefix="answers-kb-cache-")
     env = {**os.environ, "KB_PATH": str(kb), "KB_CACHE_DIR": cache, "PYTHONUNBUFFERED": "1",
+           **({"TENANTS_PATH": str(tenants_path)} if tenants_path else {}),
            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
            # one client asks far faster than a person: the per-IP and per-key limits stay out of it
            "RATE_LIMIT_PER_IP": "100000 per second", "RATE_LIMIT_PER_SITE_KEY": "100000 per second"}
@@ -212,6 +213,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="only the first N items (quick checks)")
     ap.add_argument("--every", type=int, default=1, help="every k-th item only (a spread-out sample)")
     ap.add_argument("--url", help="an app already serving this eval set's KB (default: start one)")
+    ap.add_argument("--answer-mode", choices=("extractive", "grounded_generation", "free"),
+                    help="serve the demo tenant with this answer_mode (default: as configs/tenants.yaml says)")
     ap.add_argument("--out", default=result_path("answers.json"))
     args = ap.parse_args()
     spec = yaml.safe_load(Path(args.eval).read_text(encoding="utf-8"))
@@ -219,18 +222,25 @@ def main() -> None:
     items = spec["items"][::args.every]
     items = items[:args.limit] if args.limit else items
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.yaml").read_text(encoding="utf-8"))["tenants"]
-    system_prompt = next(t["system_prompt"] for t in tenants.values() if t["site_key"] == SITE_KEY)
+    demo = next(t for t in tenants.values() if t["site_key"] == SITE_KEY)
+    system_prompt = demo["system_prompt"]
+    tenants_path = None
+    if args.answer_mode:
+        demo["answer_mode"] = args.answer_mode
+        tenants_path = Path(tempfile.mkdtemp(prefix="answers-tenants-")) / "tenants.yaml"
+        tenants_path.write_text(yaml.safe_dump({"tenants": tenants}, allow_unicode=True), encoding="utf-8")
     with tempfile.NamedTemporaryFile("w", prefix="answers-app-", suffix=".log", delete=False) as log_file:
         if args.url:
             rows = run(items, kb, args.url, system_prompt)
         else:
-            with app_server(kb, log_file) as url:
+            with app_server(kb, log_file, tenants_path) as url:
                 rows = run(items, kb, url, system_prompt)
     summary = summarize(rows)
     key = f"{args.label}:{Path(args.eval).stem}" + (f":every{args.every}" if args.every > 1 else "")
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {"runs": {}}
-    result["runs"][key] = {"label": args.label, "eval": os.path.relpath(args.eval, ROOT),
+    mode = args.answer_mode or demo.get("answer_mode", "free")
+    result["runs"][key] = {"label": args.label, "answer_mode": mode, "eval": os.path.relpath(args.eval, ROOT),
                            "kb": spec["kb"], "commit": git_commit(), "cpu": cpu_model(),
                            "time": time.strftime("%Y-%m-%d %H:%M:%S"), **summary, "items": rows}
     write_result(out, result)
