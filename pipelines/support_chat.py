@@ -103,7 +103,7 @@ class Tenant:
 class SupportChat:
     def __init__(self, client: InferenceClient, detector: IntentDetector, kb: KnowledgeBase,
                  banned: BannedWordFilter, temperature: float = 0.7, max_tokens: int = 512,
-                 prompt_budget: int = 1400, top_k: int = 3, glossary: Glossary | None = None,
+                 prompt_budget: int = 1400, top_k: int = 5, glossary: Glossary | None = None,
                  selector: AnswerSelector | None = None):
         self.client, self.detector, self.kb, self.banned = client, detector, kb, banned
         self.temperature, self.max_tokens, self.prompt_budget, self.top_k = (
