@@ -68,6 +68,8 @@ def test_a_grounded_answer_with_citations_is_stored(client):
     assert body["intent"] == "refund" and 0 < body["confidence"] <= 1
     assert body["citations"] and all(c["source"].startswith("kb/") and c["title"] for c in body["citations"])
     assert not body["handoff"] and not body["degraded"] and body["message_index"] == 1
+    # the demo tenant quotes the help centre: the card-refund time, from the cited article
+    assert body["grounding"] == "quoted" and "5-10 business days" in body["reply"]
     history = client.get(f"/api/chat/sessions/{sid}", headers=KEY).get_json()
     assert [m["role"] for m in history["messages"]] == ["user", "assistant"] and history["status"] == "open"
     assert history["messages"][1]["content"] == body["reply"]
@@ -84,7 +86,7 @@ def test_streamed_reply_ends_with_the_result_event(client):
     assert kinds[-1] == "done" and kinds.count("done") == 1 and "token" in kinds
     done = events[-1][1]
     assert done["reply"] == "".join(d["text"] for k, d in events if k == "token").strip()
-    assert {"intent", "confidence", "citations", "handoff", "degraded", "message_index"} <= set(done)
+    assert {"intent", "confidence", "citations", "handoff", "degraded", "grounding", "message_index"} <= set(done)
 
 
 def test_pii_is_redacted_before_storage_and_banned_words_are_blocked(client):

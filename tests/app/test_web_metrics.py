@@ -36,6 +36,7 @@ def test_metrics_follow_traffic(tiny_client, tmp_path):
     assert blocked["intent"] == "blocked"
     assert value(text, 'chat_turns_total{intent="blocked",outcome="blocked"}') == 1
     assert value(text, 'chat_filter_blocks_total{filter="prompt_injection"}') == 1
+    assert value(text, 'chat_grounding_total{outcome="quoted"}') == 1          # the refund question, quoted
     assert sum(float(v) for v in re.findall(r'^chat_turns_total\{intent="(?!blocked)[^"]*",outcome="[a-z]+"\} (\S+)$',
                                             text, re.M)) == 1                   # the refund question
     assert 'inference_breaker_state{endpoint="primary"}' not in text      # tiny_client: no breaker chain
