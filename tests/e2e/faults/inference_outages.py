@@ -98,6 +98,7 @@ def _fault_mid_stream(workdir: Path, service: InferenceService | None, name: str
     result = ScenarioResult(name)
     if embedder is not None:
         result.details["cache_filled_s"] = fill_embedding_cache(workdir / "kb-cache", embedder)
+    env = {**env, "TENANTS_PATH": str(_generating_tenants(workdir))}
     own = service is None
     service = service or InferenceService(SLOW_MODEL)
     tally = Tally()
@@ -144,6 +145,20 @@ def _fault_mid_stream(workdir: Path, service: InferenceService | None, name: str
             service.close()
         elif service.alive():
             service.resume()
+
+
+def _generating_tenants(workdir: Path) -> Path:
+    """The shipped tenants with answer_mode free: the reply is generated, so a stream is open
+    when the fault strikes (a quoted reply would be over before it)."""
+    import yaml
+
+    from configs import shipped
+    data = yaml.safe_load(shipped("tenants.yaml").read_text(encoding="utf-8"))
+    for spec in data["tenants"].values():
+        spec["answer_mode"] = "free"
+    path = workdir / "tenants-free.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    return path
 
 
 def killed_mid_stream(workdir: Path, service: InferenceService | None = None, embedder=None) -> ScenarioResult:
