@@ -23,10 +23,11 @@ from pipelines.knowledge_base import KnowledgeBase, Passage, stem, tokenize
 
 NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 _DURATION = re.compile(r"\b(\d+|one|two|three|four|five|six|seven|ten|fourteen|thirty)\s*(?:[-–]\s*\d+\s*|to \d+\s*)?"
-                       r"(?:business |working |calendar )?(minute|hour|day|week|month|year)s?\b|\bsame day\b|"
+                       r"[-\s]?(?:business |working |calendar )?(minute|hour|day|week|month|year)s?\b|\bsame day\b|"
                        r"\binstantly\b|\bstraight away\b|\bimmediately\b|\bwithin\b", re.I)
 _MONEY = re.compile(r"[$£€¥]\s?\d|\d\s?(?:usd|eur|gbp|cny|dollars?|euros?|pounds?)\b|\bfree\b|%", re.I)
 _PERCENT = re.compile(r"\d\s?%|\bpercent\b|\bhalf\b", re.I)
+_TEMPERATURE = re.compile(r"\d\s?°|\bdegrees\b", re.I)
 _CLOCK = re.compile(r"\b\d{1,2}(?::\d\d)?\s*(?:am|pm)\b|\b\d{1,2}:\d\d\b|\b24/7\b", re.I)
 _COUNT = re.compile(r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|twelve|once|twice)\b", re.I)
 _QUESTION_KINDS = (     # (what the question asks, what a span answering it holds)
@@ -34,6 +35,7 @@ _QUESTION_KINDS = (     # (what the question asks, what a span answering it hold
                 r"years|minutes)\b|\bwhen (?:will|do|does|can|is|are|would)\b|\buntil when\b|\bexpire|\bdeadline\b",
                 re.I),
      _DURATION),
+    (re.compile(r"\btemperature\b|\bhow hot\b|\bdegrees\b", re.I), _TEMPERATURE),
     (re.compile(r"\bwhat (?:time|hours)\b|\bopening hours\b|\bwhat hours\b", re.I), _CLOCK),
     (re.compile(r"\b(?:percent|discount|% off|how much off)\b", re.I), _PERCENT),
     (re.compile(r"\bhow much\b|\bcost\b|\bprice\b|\bfee\b|\bcharge\b", re.I), _MONEY),
@@ -43,6 +45,8 @@ _QUESTION_KINDS = (     # (what the question asks, what a span answering it hold
 #         - W_UNKNOWN * (question words the whole help centre never uses, at most 2)
 #         - W_SAID if the previous reply already quoted the span (a follow-up wants something new)
 W_COS, W_LEX, W_KIND, W_PASSAGE, W_UNKNOWN, W_SAID = 0.45, 0.35, 0.12, 0.2, 0.1, 0.1
+# ranking only (not in the support compared with min_score): the answer's kind counts more
+W_KIND_RANK = 0.05
 # words a question may hold that say nothing about its topic: chat shorthand, quantities, fillers.
 # Any other word the help centre never uses ("organic", "HomeKit", "CEO") is a sign it cannot answer.
 CHAT_WORDS = frozenset("""
@@ -53,7 +57,7 @@ gonna gotta wanna yo lol nah em smth thingy thingies b4 wat till n r ya pls plz 
 asap idk tho cuz coz abt bc rn omg ok okay guys guy stupid weird really actually somehow totally basically
 nothing here something anything everything still already just even also too very quite pretty far long soon
 dollars dollar pounds pound euros euro yuan percent myself yourself ones thing things stuff kind sort way lot lots
-bit bits left like happens happen instead option options money""".split())
+bit bits left like happens happen instead option options money talk speak call person someone""".split())
 
 
 def _stems(text: str) -> set[str]:
@@ -71,7 +75,8 @@ def question_kind(question: str) -> re.Pattern | None:
 @dataclass(frozen=True)
 class Candidate:
     span: Span
-    score: float
+    score: float          # how well it answers: the ranking
+    support: float        # the same without the ranking-only terms: compared with min_score
     cosine: float
     coverage: float
 
@@ -79,7 +84,7 @@ class Candidate:
 @dataclass
 class Selection:
     spans: list[Span]                 # what the reply quotes, best first ([] = unanswerable)
-    score: float                      # the best candidate's score
+    score: float                      # the best support among the candidates
     candidates: list[Candidate] = field(default_factory=list)
     conflict: tuple[Span, Span] | None = None     # two articles answering differently
 
@@ -146,19 +151,21 @@ class AnswerSelector:
         for span, cos in zip(spans, cosines):
             cov = self.coverage(weights, span)
             kind_ok = 1.0 if kind is None or kind.search(span.text) else 0.0
-            score = (W_COS * float(cos) + W_LEX * cov + W_KIND * kind_ok + W_PASSAGE * passage_sim[span.chunk]
-                     - penalty)
+            support = (W_COS * float(cos) + W_LEX * cov + W_KIND * kind_ok + W_PASSAGE * passage_sim[span.chunk]
+                       - penalty)
+            score = support + W_KIND_RANK * kind_ok
             if said and span.text.lower() in said:
                 score -= W_SAID
-            out.append(Candidate(span, round(score, 4), round(float(cos), 4), round(cov, 4)))
+            out.append(Candidate(span, round(score, 4), round(support, 4), round(float(cos), 4), round(cov, 4)))
         out.sort(key=lambda c: -c.score)
         return out
 
     def select(self, question: str, qvec: np.ndarray | None, passages: list[Passage], focus: str = "",
                avoid: str = "", translated: bool = False, focus_vec: np.ndarray | None = None) -> Selection:
         ranked = self.rank(question, qvec, passages, focus, avoid, translated, focus_vec)
-        if not ranked or ranked[0].score < self.min_score:
-            return Selection([], ranked[0].score if ranked else 0.0, ranked)
+        support = max((c.support for c in ranked), default=0.0)
+        if support < self.min_score:
+            return Selection([], support, ranked)
         best = ranked[0]
         chosen = [best.span]
         conflict = None
@@ -174,7 +181,7 @@ class AnswerSelector:
         if (conflict is None and second is not None and second.span.chunk.source == best.span.chunk.source
                 and best.score - second.score <= self.second_margin):
             chosen = [best.span, second.span]          # a near tie in one article: quote both
-        return Selection(chosen, best.score, ranked, conflict)
+        return Selection(chosen, support, ranked, conflict)
 
 
 def _figures(text: str) -> set[str]:

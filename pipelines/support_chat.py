@@ -49,6 +49,9 @@ from pipelines.query_translation import Glossary
 log = logging.getLogger(__name__)
 _CJK = re.compile(r"[\u3400-\u9fff]")
 GROUNDED_MAX_TOKENS = 96          # a grounded reply is a sentence or two
+# a message to the human side that asks for facts (hours, phone, email), not for a person now
+_ASKS_DETAILS = re.compile(r"\b(?:hours?|phone|number|e-?mail|address|opening|what time|when (?:are|is|do)|"
+                           r"how (?:long|quickly|fast|soon))\b|几点|电话|邮箱|时间", re.I)
 
 CANNED = {
     "blocked": (("I'm sorry, I can't help with that request. Is there anything else about your order or our "
@@ -156,20 +159,19 @@ class SupportChat:
             yield from self._respond_lexical(clean_text)
             return
         intent = self.detector.classify(qvec, clean_text)
-        if intent.intent == "human_agent":
+        mode = tenant.answer_mode
+        # "what are your agents' hours?" asks about the human side: answered when the help centre can
+        wants_human = intent.intent == "human_agent"
+        if wants_human and (mode == "free" or not _ASKS_DETAILS.search(clean_text)):
             yield from self._handoff(clean_text, intent)
             return
-        mode = tenant.answer_mode
         if intent.intent == "greeting" and mode != "free":
             reply = canned("greeting", clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
         found = [] if intent.intent == "greeting" else self.kb.search(query, svec, self.top_k)
         if not found and intent.intent != "greeting":
-            key = "clarify" if not intent.confident else "not_found"
-            reply = canned(key, clean_text)
-            yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence,
-                                                     grounding="unanswerable" if key == "not_found" else None))
+            yield from self._handoff(clean_text, intent) if wants_human else self._nothing_found(clean_text, intent)
             return
         if mode == "free":
             yield from self._generate_free(tenant, history, clean_text, found, intent)
@@ -178,6 +180,9 @@ class SupportChat:
         selection = self.selector.select(query, svec, found, focus=focus, avoid=resolved.previous_reply,
                                          translated=query != resolved.query,
                                          focus_vec=qvec if resolved.is_followup and query == resolved.query else None)
+        if wants_human and not selection.answerable:
+            yield from self._handoff(clean_text, intent)
+            return
         if selection.conflict is not None:
             reply = clarifying_question(*selection.conflict, clean_text)
             cites = _citations([Passage(s.chunk, 0.0, 0.0) for s in selection.conflict])
@@ -196,6 +201,13 @@ class SupportChat:
                                                      grounding="quoted"))
             return
         yield from self._generate_grounded(tenant, history, clean_text, selection, intent, citations)
+
+    def _nothing_found(self, text: str, intent: IntentResult) -> Iterator[tuple[str, object]]:
+        """Nothing relevant: ask what it is about when even the intent is unsure, else say so."""
+        key = "clarify" if not intent.confident else "not_found"
+        reply = canned(key, text)
+        yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence,
+                                                 grounding="unanswerable" if key == "not_found" else None))
 
     def _leak_filter(self, tenant: Tenant) -> LeakFilter:
         return LeakFilter([tenant.system_prompt, RULES, GROUNDED_RULES])

@@ -32,6 +32,12 @@ and each flight of stairs adds 40 EUR.
 
 Let a piano settle for 3 weeks after a move before you book a tuning.
 """,
+    "contact.md": """# Contact Us
+
+## Phone and email
+
+Our phone line is open from 9:00 to 17:00 on weekdays. Email replies take up to 2 working days.
+""",
     "lessons.md": """# Lessons
 
 ## Trial lesson

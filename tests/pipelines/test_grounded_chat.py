@@ -117,3 +117,10 @@ def test_two_articles_that_disagree_get_one_clarifying_question(embedder, tmp_pa
     assert reply.grounding == "clarified" and reply.reply.count("?") == 1
     assert "Tuning Visits" in reply.reply and "Your First Visit" in reply.reply
     assert {c["source"] for c in reply.citations} == {"kb/tuning-visits.md", "kb/first-visit.md"}
+
+
+def test_questions_about_reaching_people_are_answered_and_requests_hand_off(parts, embedder):
+    reply = turn(parts, Core(embedder), "What hours is your phone line open to talk to a person?")
+    assert "9:00 to 17:00" in reply.reply and not reply.handoff
+    reply = turn(parts, Core(embedder), "I want to speak to a human agent please")
+    assert reply.handoff and reply.grounding is None
