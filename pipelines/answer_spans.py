@@ -84,7 +84,9 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
         last = ""
         for s in sentences:
             if s.rstrip().endswith(":"):
-                last = plain(s)
+                last = plain(s)           # it introduces the list that follows ...
+                if len(last.split()) > 3:
+                    add(s.rstrip().rstrip(":") + ".", "")      # ... and may state a fact itself
             else:
                 add(s, "")
         return last

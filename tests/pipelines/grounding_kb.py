@@ -37,12 +37,19 @@ Let a piano settle for 3 weeks after a move before you book a tuning.
 ## Phone and email
 
 Our phone line is open from 9:00 to 17:00 on weekdays. Email replies take up to 2 working days.
+
+## Where we work
+
+We visit homes anywhere within 40 km of the Oakridge studio, and in the North Valley district:
+- Weekday visits in the North Valley district cost an extra 20 EUR.
 """,
     "lessons.md": """# Lessons
 
 ## Trial lesson
 
 Your first lesson is a free 30-minute trial. After that, lessons are sold in blocks of 10.
+
+Unused lessons move to your next block. We can't refund lessons once a block has started.
 
 ## Teachers
 

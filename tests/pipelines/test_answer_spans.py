@@ -32,3 +32,12 @@ def test_decimals_and_abbreviations_do_not_end_a_sentence():
 
 def test_plain_removes_markdown_links_and_emphasis():
     assert plain("See **My Orders** and [the form](https://x.test/f) *now*") == "See My Orders and the form now"
+
+
+def test_a_sentence_introducing_a_list_is_also_a_span():
+    spans = spans_of("contact.md")
+    assert "We visit homes anywhere within 40 km of the Oakridge studio, and in the North Valley district." in \
+        [s.quote for s in spans]
+    item = next(s for s in spans if s.text.startswith("Weekday visits"))
+    assert item.lead.startswith("We visit homes")                      # long lead: matched on, not quoted
+    assert item.quote == "Weekday visits in the North Valley district cost an extra 20 EUR."
