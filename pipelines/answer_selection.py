@@ -27,6 +27,9 @@ _DURATION = re.compile(r"\b(\d+|one|two|three|four|five|six|seven|ten|fourteen|t
                        r"\binstantly\b|\bstraight away\b|\bimmediately\b|\bwithin\b", re.I)
 _MONEY = re.compile(r"[$£€¥]\s?\d|\d\s?(?:usd|eur|gbp|cny|dollars?|euros?|pounds?)\b|\bfree\b|%", re.I)
 _PERCENT = re.compile(r"\d\s?%|\bpercent\b|\bhalf\b", re.I)
+# a sentence that leans on its neighbour: a refusal ("We can't ..."), or one that points back
+_NEEDS_CONTEXT = re.compile(r"^(?:this|that|these|those|it|they|or|but|however|after that|then|otherwise)\b|"
+                            r"\b(?:can't|cannot|don't|doesn't|won't|isn't|aren't|not)\b", re.I)
 _TEMPERATURE = re.compile(r"\d\s?°|\bdegrees\b", re.I)
 _CLOCK = re.compile(r"\b\d{1,2}(?::\d\d)?\s*(?:am|pm)\b|\b\d{1,2}:\d\d\b|\b24/7\b", re.I)
 _COUNT = re.compile(r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|twelve|once|twice)\b", re.I)
@@ -60,8 +63,14 @@ dollars dollar pounds pound euros euro yuan percent myself yourself ones thing t
 bit bits left like happens happen instead option options money talk speak call person someone""".split())
 
 
+_PROPER = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)+")
+
+
 def _stems(text: str) -> set[str]:
-    return {stem(w) for w in tokenize(text)}
+    """The text's word stems, plus the initials of its multi-word names ("European Union" -> "eu")."""
+    words = {stem(w) for w in tokenize(text)}
+    words.update("".join(w[0] for w in m.group(0).split()).lower() for m in _PROPER.finditer(text))
+    return words
 
 
 def question_kind(question: str) -> re.Pattern | None:
@@ -181,6 +190,12 @@ class AnswerSelector:
         if (conflict is None and second is not None and second.span.chunk.source == best.span.chunk.source
                 and best.score - second.score <= self.second_margin):
             chosen = [best.span, second.span]          # a near tie in one article: quote both
+        elif conflict is None and _NEEDS_CONTEXT.search(best.span.text):
+            # a refusal or a back-reference is quoted with the better of its two neighbours
+            by_pos = {c.span.position: c for c in ranked if c.span.chunk == best.span.chunk}
+            near = [by_pos[p] for p in (best.span.position - 1, best.span.position + 1) if p in by_pos]
+            if near:
+                chosen = sorted([best.span, max(near, key=lambda c: c.score).span], key=lambda s: s.position)
         return Selection(chosen, support, ranked, conflict)
 
 
@@ -189,8 +204,8 @@ def _figures(text: str) -> set[str]:
 
 
 def _same_subject(a: Span, b: Span) -> bool:
-    """Two spans about the same thing: most of the shorter one's words are in the other."""
+    """Two spans saying the same thing but for their figures: most of their words are shared."""
     wa, wb = {w for w in _stems(a.text) if not w.isdigit()}, {w for w in _stems(b.text) if not w.isdigit()}
     if not wa or not wb:
         return False
-    return len(wa & wb) / min(len(wa), len(wb)) >= 0.6
+    return len(wa & wb) / len(wa | wb) >= 0.6

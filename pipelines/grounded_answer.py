@@ -28,6 +28,8 @@ GROUNDED_RULES = ("Answer the customer in one or two short sentences using only 
 
 def quoted_reply(spans: list[Span], question: str) -> str:
     """The reply that states the spans as the help centre writes them."""
+    # a list's introducing sentence and its item repeat each other: keep the longer
+    spans = [s for s in spans if not any(o is not s and s.text.rstrip(".") in o.quote for o in spans)]
     body = " ".join(s.quote for s in spans)
     if _CJK.search(question):
         return f"根据帮助中心《{spans[0].chunk.title}》：{body}"

@@ -58,8 +58,9 @@ def stem(word: str) -> str:
     """A light suffix strip, so "refunds", "refunded" and "refunding" meet "refund"."""
     for suffix in ("ing", "ed", "es", "s"):
         if len(word) > len(suffix) + 3 and word.endswith(suffix):
-            return word[: -len(suffix)]
-    return word
+            word = word[: -len(suffix)]
+            break
+    return word[:-1] if len(word) > 3 and word.endswith("e") else word       # "tune" meets "tuning"
 
 
 @dataclass(frozen=True)

@@ -61,3 +61,16 @@ def test_question_kinds():
 def test_min_score_is_checked(kb):
     with pytest.raises(ValueError, match="min_score"):
         AnswerSelector(kb, min_score=2)
+
+
+def test_a_refusal_is_quoted_with_the_sentence_beside_it(kb, embedder):
+    sel = select(kb, embedder, "Can I get a refund for lessons after my block has started?")
+    quoted = " ".join(s.quote for s in sel.spans)
+    assert "We can't refund lessons" in quoted and "Unused lessons move to your next block." in quoted
+
+
+def test_names_match_their_initials(kb, embedder):
+    from pipelines.answer_selection import _stems
+    assert {"nv", "north", "valley"} <= _stems("in the North Valley district")
+    sel = select(kb, embedder, "Is a weekday visit in NV more expensive?")
+    assert "20 EUR" in " ".join(s.quote for s in sel.spans)

@@ -124,3 +124,12 @@ def test_questions_about_reaching_people_are_answered_and_requests_hand_off(part
     assert "9:00 to 17:00" in reply.reply and not reply.handoff
     reply = turn(parts, Core(embedder), "I want to speak to a human agent please")
     assert reply.handoff and reply.grounding is None
+
+
+def test_a_quote_never_repeats_a_list_lead_it_already_holds(parts):
+    from pipelines.grounded_answer import quoted_reply
+    kb = parts[1]
+    spans, _ = kb.spans([c for c in kb.chunks if c.section == "Where we work"])
+    assert len(spans) == 2
+    text = quoted_reply(spans, "where do you work?")
+    assert text.count("We visit homes anywhere") == 1 and "20 EUR" in text
