@@ -32,6 +32,8 @@ _NEEDS_CONTEXT = re.compile(r"^(?:this|that|these|those|it|they|or|but|however|a
                             r"\b(?:can't|cannot|don't|doesn't|won't|isn't|aren't|not)\b", re.I)
 _TEMPERATURE = re.compile(r"\d\s?°|\bdegrees\b", re.I)
 _CLOCK = re.compile(r"\b\d{1,2}(?::\d\d)?\s*(?:am|pm)\b|\b\d{1,2}:\d\d\b|\b24/7\b", re.I)
+_FREQUENCY = re.compile(r"\b(?:once|twice|\d+ times|every|each|per|daily|weekly|monthly|yearly|"
+                        r"a (?:day|week|month|year))\b", re.I)
 _COUNT = re.compile(r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|twelve|once|twice)\b", re.I)
 _QUESTION_KINDS = (     # (what the question asks, what a span answering it holds)
     (re.compile(r"\bhow (?:long|soon|quickly|fast)\b|\bhow many (?:business |working )?(?:days|hours|weeks|months|"
@@ -42,6 +44,7 @@ _QUESTION_KINDS = (     # (what the question asks, what a span answering it hold
     (re.compile(r"\bwhat (?:time|hours)\b|\bopening hours\b|\bwhat hours\b", re.I), _CLOCK),
     (re.compile(r"\b(?:percent|discount|% off|how much off)\b", re.I), _PERCENT),
     (re.compile(r"\bhow much\b|\bcost\b|\bprice\b|\bfee\b|\bcharge\b", re.I), _MONEY),
+    (re.compile(r"\bhow (?:many times|often)\b", re.I), _FREQUENCY),
     (re.compile(r"\bhow many\b|\bat least\b|\bat most\b|\bmaximum\b|\bminimum\b|\bup to\b", re.I), _COUNT),
 )
 # score = W_COS * span cosine + W_LEX * word coverage + W_KIND * kind match + W_PASSAGE * passage cosine
@@ -191,11 +194,11 @@ class AnswerSelector:
                 and best.score - second.score <= self.second_margin):
             chosen = [best.span, second.span]          # a near tie in one article: quote both
         elif conflict is None and _NEEDS_CONTEXT.search(best.span.text):
-            # a refusal or a back-reference is quoted with the better of its two neighbours
+            # a refusal or a back-reference is quoted with the sentences beside it
             by_pos = {c.span.position: c for c in ranked if c.span.chunk == best.span.chunk}
             near = [by_pos[p] for p in (best.span.position - 1, best.span.position + 1) if p in by_pos]
             if near:
-                chosen = sorted([best.span, max(near, key=lambda c: c.score).span], key=lambda s: s.position)
+                chosen = sorted([best.span, *(c.span for c in near)], key=lambda s: s.position)
         return Selection(chosen, support, ranked, conflict)
 
 

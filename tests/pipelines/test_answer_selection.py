@@ -55,6 +55,8 @@ def test_question_kinds():
     assert question_kind("How much is it?").search("120 EUR") and question_kind("How much is it?").search("$120")
     assert not question_kind("How much is it?").search("in 3 weeks")
     assert question_kind("what time do you open").search("9:00 am")
+    assert question_kind("How many times can I exchange it?").search("Each item can be exchanged once.")
+    assert not question_kind("How often should I oil it?").search("Oil it with 3 drops.")
     assert question_kind("Where is the studio?") is None
 
 
@@ -67,6 +69,7 @@ def test_a_refusal_is_quoted_with_the_sentence_beside_it(kb, embedder):
     sel = select(kb, embedder, "Can I get a refund for lessons after my block has started?")
     quoted = " ".join(s.quote for s in sel.spans)
     assert "We can't refund lessons" in quoted and "Unused lessons move to your next block." in quoted
+    assert quoted.index("Unused") < quoted.index("We can't")            # in the article's order
 
 
 def test_names_match_their_initials(kb, embedder):
