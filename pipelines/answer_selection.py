@@ -35,7 +35,12 @@ _CLOCK = re.compile(r"\b\d{1,2}(?::\d\d)?\s*(?:am|pm)\b|\b\d{1,2}:\d\d\b|\b24/7\
 _FREQUENCY = re.compile(r"\b(?:once|twice|\d+ times|every|each|per|daily|weekly|monthly|yearly|"
                         r"a (?:day|week|month|year))\b", re.I)
 _COUNT = re.compile(r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|twelve|once|twice)\b", re.I)
+_IDENTITY = re.compile(r"\b(?:founder|founded|owner|owned|ceo|director|manager|head of|run by|led by)\b", re.I)
+_ORIGIN = re.compile(r"\b(?:made in|manufactured|produced in|sourced|designed in|comes? from|origin)\b", re.I)
 _QUESTION_KINDS = (     # (what the question asks, what a span answering it holds)
+    (re.compile(r"\bwho (?:is|are|was|were) (?:the|your)\b|\bwho (?:owns|runs|founded|leads)\b", re.I), _IDENTITY),
+    (re.compile(r"\b(?:where|which country|what country)\b.*\b(?:made|manufactured|produced|sourced)\b", re.I),
+     _ORIGIN),
     (re.compile(r"\bhow (?:long|soon|quickly|fast)\b|\bhow many (?:business |working )?(?:days|hours|weeks|months|"
                 r"years|minutes)\b|\bwhen (?:will|do|does|can|is|are|would)\b|\buntil when\b|\bexpire|\bdeadline\b",
                 re.I),
@@ -47,12 +52,15 @@ _QUESTION_KINDS = (     # (what the question asks, what a span answering it hold
     (re.compile(r"\bhow (?:many times|often)\b", re.I), _FREQUENCY),
     (re.compile(r"\bhow many\b|\bat least\b|\bat most\b|\bmaximum\b|\bminimum\b|\bup to\b", re.I), _COUNT),
 )
+# kinds so specific that a span without one cannot be the answer: its support drops by W_STRICT
+STRICT_KINDS = (_IDENTITY, _ORIGIN, _TEMPERATURE, _CLOCK)
 # score = W_COS * span cosine + W_LEX * word coverage + W_KIND * kind match + W_PASSAGE * passage cosine
 #         - W_UNKNOWN * (question words the whole help centre never uses, at most 2)
 #         - W_SAID if the previous reply already quoted the span (a follow-up wants something new)
 W_COS, W_LEX, W_KIND, W_PASSAGE, W_UNKNOWN, W_SAID = 0.45, 0.35, 0.12, 0.2, 0.1, 0.1
 # ranking only (not in the support compared with min_score): the answer's kind counts more
 W_KIND_RANK = 0.05
+W_STRICT = 0.15
 # words a question may hold that say nothing about its topic: chat shorthand, quantities, fillers.
 # Any other word the help centre never uses ("organic", "HomeKit", "CEO") is a sign it cannot answer.
 CHAT_WORDS = frozenset("""
@@ -164,7 +172,7 @@ class AnswerSelector:
             cov = self.coverage(weights, span)
             kind_ok = 1.0 if kind is None or kind.search(span.text) else 0.0
             support = (W_COS * float(cos) + W_LEX * cov + W_KIND * kind_ok + W_PASSAGE * passage_sim[span.chunk]
-                       - penalty)
+                       - penalty - (W_STRICT if not kind_ok and kind in STRICT_KINDS else 0.0))
             score = support + W_KIND_RANK * kind_ok
             if said and span.text.lower() in said:
                 score -= W_SAID
@@ -193,12 +201,12 @@ class AnswerSelector:
         if (conflict is None and second is not None and second.span.chunk.source == best.span.chunk.source
                 and best.score - second.score <= self.second_margin):
             chosen = [best.span, second.span]          # a near tie in one article: quote both
-        elif conflict is None and _NEEDS_CONTEXT.search(best.span.text):
-            # a refusal or a back-reference is quoted with the sentences beside it
-            by_pos = {c.span.position: c for c in ranked if c.span.chunk == best.span.chunk}
+        if conflict is None and _NEEDS_CONTEXT.search(best.span.text):
+            # a refusal or a back-reference is quoted with the sentences beside it, in order
+            by_pos = {c.span.position: c.span for c in ranked if c.span.chunk == best.span.chunk}
             near = [by_pos[p] for p in (best.span.position - 1, best.span.position + 1) if p in by_pos]
-            if near:
-                chosen = sorted([best.span, *(c.span for c in near)], key=lambda s: s.position)
+            around = sorted({best.span, *near}, key=lambda s: s.position)
+            chosen = around + [s for s in chosen if s not in around]
         return Selection(chosen, support, ranked, conflict)
 
 
