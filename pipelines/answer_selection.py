@@ -52,7 +52,9 @@ _QUESTION_KINDS = (     # (what the question asks, what a span answering it hold
     (re.compile(r"\bhow (?:many times|often)\b", re.I), _FREQUENCY),
     (re.compile(r"\bhow many\b|\bat least\b|\bat most\b|\bmaximum\b|\bminimum\b|\bup to\b", re.I), _COUNT),
 )
-# kinds so specific that a span without one cannot be the answer: its support drops by W_STRICT
+# kinds so specific that a span without one cannot be the answer: its support drops by W_STRICT;
+# a figure the question states ("a 3-year warranty", "between 9 and 12") that the span's chunk
+# never mentions lowers it by W_FIGURE
 STRICT_KINDS = (_IDENTITY, _ORIGIN, _TEMPERATURE, _CLOCK)
 # score = W_COS * span cosine + W_LEX * word coverage + W_KIND * kind match + W_PASSAGE * passage cosine
 #         - W_UNKNOWN * (question words the whole help centre never uses, at most 2)
@@ -61,6 +63,7 @@ W_COS, W_LEX, W_KIND, W_PASSAGE, W_UNKNOWN, W_SAID = 0.45, 0.35, 0.12, 0.2, 0.1,
 # ranking only (not in the support compared with min_score): the answer's kind counts more
 W_KIND_RANK = 0.05
 W_STRICT = 0.15
+W_FIGURE = 0.1
 # words a question may hold that say nothing about its topic: chat shorthand, quantities, fillers.
 # Any other word the help centre never uses ("organic", "HomeKit", "CEO") is a sign it cannot answer.
 CHAT_WORDS = frozenset("""
@@ -167,12 +170,14 @@ class AnswerSelector:
         said = avoid.lower()
         # a glossary's keywords often miss the help centre's words: no penalty for a translation
         penalty = 0.0 if translated else W_UNKNOWN * min(2, len(self.unknown_words(question)))
+        asked_figures = set(NUMBER.findall(focus or question))
         out = []
         for span, cos in zip(spans, cosines):
             cov = self.coverage(weights, span)
             kind_ok = 1.0 if kind is None or kind.search(span.text) else 0.0
             support = (W_COS * float(cos) + W_LEX * cov + W_KIND * kind_ok + W_PASSAGE * passage_sim[span.chunk]
-                       - penalty - (W_STRICT if not kind_ok and kind in STRICT_KINDS else 0.0))
+                       - penalty - (W_STRICT if not kind_ok and kind in STRICT_KINDS else 0.0)
+                       - (W_FIGURE if asked_figures - set(NUMBER.findall(span.chunk.text)) else 0.0))
             score = support + W_KIND_RANK * kind_ok
             if said and span.text.lower() in said:
                 score -= W_SAID

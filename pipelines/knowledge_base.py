@@ -251,6 +251,23 @@ class KnowledgeBase:
                 out.append(Passage(chunks[int(i)], round(float(scores[i]), 5), 0.0))
         return out[:k]
 
+    def search_spans(self, query_vec: np.ndarray, k: int = 5, min_similarity: float = 0.5) -> list[Passage]:
+        """The chunks holding the k answer spans most similar to the query (a short question may
+        match one sentence far better than the whole chunk it sits in), best first; the passage's
+        similarity is its best span's."""
+        self.refresh()
+        index = self._index
+        if index.span_vectors is None:
+            raise ValueError("knowledge base: a lexical-only index has no embeddings; use search_lexical")
+        sims = index.span_vectors @ query_vec
+        out: dict[Chunk, float] = {}
+        for i in np.argsort(-sims)[:k]:
+            if sims[i] < min_similarity:
+                break
+            chunk = index.spans[int(i)].chunk
+            out.setdefault(chunk, round(float(sims[i]), 4))
+        return [Passage(c, 0.0, sim) for c, sim in out.items()]
+
     def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20) -> list[Passage]:
         """Up to k passages, best first; [] when nothing clears the relevance gate."""
         self.refresh()

@@ -49,6 +49,8 @@ from pipelines.query_translation import Glossary
 log = logging.getLogger(__name__)
 _CJK = re.compile(r"[\u3400-\u9fff]")
 GROUNDED_MAX_TOKENS = 96          # a grounded reply is a sentence or two
+# the chunks of the SPAN_K sentences closest to the question (cosine >= SPAN_MIN) join the passages
+SPAN_K, SPAN_MIN = 5, 0.55
 # a message to the human side that asks for facts (hours, phone, email), not for a person now
 _ASKS_DETAILS = re.compile(r"\b(?:hours?|phone|number|e-?mail|address|opening|what time|when (?:are|is|do)|"
                            r"how (?:long|quickly|fast|soon))\b|几点|电话|邮箱|时间", re.I)
@@ -170,6 +172,10 @@ class SupportChat:
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
         found = [] if intent.intent == "greeting" else self.kb.search(query, svec, self.top_k)
+        if intent.intent != "greeting" and mode != "free":
+            # a sentence that matches the question well brings its chunk in, under the chunk gate too
+            have = {p.chunk for p in found}
+            found += [p for p in self.kb.search_spans(svec, SPAN_K, SPAN_MIN) if p.chunk not in have]
         if not found and intent.intent != "greeting":
             yield from self._handoff(clean_text, intent) if wants_human else self._nothing_found(clean_text, intent)
             return

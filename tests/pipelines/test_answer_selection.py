@@ -79,3 +79,20 @@ def test_names_match_their_initials(kb, embedder):
     assert {"nv", "north", "valley"} <= _stems("in the North Valley district")
     sel = select(kb, embedder, "Is a weekday visit in NV more expensive?")
     assert "20 EUR" in " ".join(s.quote for s in sel.spans)
+
+
+def test_a_figure_the_help_centre_never_states_weakens_but_does_not_veto(kb, embedder):
+    strong = select(kb, embedder, "Can I book a tuning visit online 12 weeks ahead?")
+    assert strong.answerable and "8 weeks" in strong.spans[0].quote          # the real limit, quoted
+    plain = select(kb, embedder, "Can I book a tuning visit online 8 weeks ahead?")
+    assert plain.score > strong.score
+    assert not select(kb, embedder, "Do you sell a 5-year tuning subscription?").answerable
+
+
+def test_a_sentence_can_bring_in_a_chunk_the_chunk_gate_missed(kb, embedder):
+    q = "do your teachers have a diploma"
+    found = kb.search_spans(embedder.embed([q])[0], k=3, min_similarity=0.4)
+    assert found and found[0].chunk.source == "lessons.md" and found[0].similarity >= 0.4
+    lexical = KnowledgeBase(None, kb.path, kb.cache_dir)
+    with pytest.raises(ValueError, match="lexical-only"):
+        lexical.search_spans(embedder.embed([q])[0])
