@@ -38,6 +38,7 @@ _COUNT = re.compile(r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|t
 _IDENTITY = re.compile(r"\b(?:founder|founded|owner|owned|ceo|director|manager|head of|run by|led by)\b", re.I)
 _ORIGIN = re.compile(r"\b(?:made in|manufactured|produced in|sourced|designed in|comes? from|origin)\b", re.I)
 _QUESTION_KINDS = (     # (what the question asks, what a span answering it holds)
+    (re.compile(r"\bhow (?:many times|often)\b", re.I), _FREQUENCY),
     (re.compile(r"\bwho (?:is|are|was|were) (?:the|your)\b|\bwho (?:owns|runs|founded|leads)\b", re.I), _IDENTITY),
     (re.compile(r"\b(?:where|which country|what country)\b.*\b(?:made|manufactured|produced|sourced)\b", re.I),
      _ORIGIN),
@@ -49,7 +50,6 @@ _QUESTION_KINDS = (     # (what the question asks, what a span answering it hold
     (re.compile(r"\bwhat (?:time|hours)\b|\bopening hours\b|\bwhat hours\b", re.I), _CLOCK),
     (re.compile(r"\b(?:percent|discount|% off|how much off)\b", re.I), _PERCENT),
     (re.compile(r"\bhow much\b|\bcost\b|\bprice\b|\bfee\b|\bcharge\b", re.I), _MONEY),
-    (re.compile(r"\bhow (?:many times|often)\b", re.I), _FREQUENCY),
     (re.compile(r"\bhow many\b|\bat least\b|\bat most\b|\bmaximum\b|\bminimum\b|\bup to\b", re.I), _COUNT),
 )
 # kinds so specific that a span without one cannot be the answer: its support drops by W_STRICT;

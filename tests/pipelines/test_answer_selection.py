@@ -59,6 +59,7 @@ def test_question_kinds():
     assert question_kind("what time do you open").search("9:00 am")
     assert question_kind("How many times can I exchange it?").search("Each item can be exchanged once.")
     assert not question_kind("How often should I oil it?").search("Oil it with 3 drops.")
+    assert question_kind("how long, how often should I oil it").search("Oil it once a month.")   # frequency first
     assert question_kind("Where is the studio?") is None
 
 
