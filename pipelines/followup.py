@@ -14,6 +14,7 @@ from pipelines.knowledge_base import tokenize
 
 _OPENS = re.compile(r"^\s*(?:and|or|also|but|so|then|plus|what about|how about|same (?:for|with)|ok(?:ay)?[,.]?\s+"
                     r"(?:and|what about|how about))\b|^\s*(?:那|那么|还有|另外|如果是|如果)", re.I)
+_CJK = re.compile(r"[\u3400-\u9fff]")
 _PRONOUN = re.compile(r"\b(?:it|its|that|this|those|these|them|they|one|ones|there)\b", re.I)
 
 
@@ -37,7 +38,7 @@ def _last(history: list[dict], role: str) -> str:
 
 def is_followup(text: str) -> bool:
     words = tokenize(text)
-    cjk = re.findall(r"[\u3400-\u9fff]", text)
+    cjk = _CJK.findall(text)
     if _OPENS.search(text):
         return True
     if cjk:
@@ -49,6 +50,7 @@ def resolve(history: list[dict], text: str) -> Resolved:
     """The message as searched: joined to the previous question when it is a follow-up."""
     previous = _last(history, "user")
     reply = _last(history, "assistant")
-    if previous and is_followup(text):
+    # "hi" or "thanks" is nothing to follow up on
+    if previous and (len(tokenize(previous)) >= 2 or _CJK.search(previous)) and is_followup(text):
         return Resolved(f"{previous} {text}", text, reply)
     return Resolved(text, "", reply)
