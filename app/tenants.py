@@ -10,9 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-import yaml
-
-from configs import resolve, shipped
+from configs import read_yaml, shipped
 from pipelines.grounded_answer import ANSWER_MODES
 from pipelines.support_chat import Tenant
 
@@ -40,11 +38,7 @@ class TenantConfig:
 
 class TenantRegistry:
     def __init__(self, path: str | os.PathLike | None = None):
-        path = resolve("tenants.yaml", path, "TENANTS_PATH")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"tenants: cannot read {path}: {exc}") from exc
+        path, data = read_yaml("tenants", "tenants.yaml", path, "TENANTS_PATH")
         self.tenants: list[TenantConfig] = []
         for tid, spec in (data.get("tenants") or {}).items():
             if not isinstance(spec, dict) or not spec.get("site_key") or not spec.get("system_prompt"):

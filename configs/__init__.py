@@ -24,3 +24,18 @@ def resolve(name: str, path: str | os.PathLike | None = None, env_var: str | Non
     if env_var and env.get(env_var):
         return Path(env[env_var])
     return shipped(name)
+
+
+def read_yaml(label: str, name: str, path: str | os.PathLike | None = None,
+              env_var: str | None = None) -> tuple[Path, dict]:
+    """(the resolved path, its YAML mapping); a file that cannot be read or parsed raises
+    ValueError("<label>: cannot read <path>: ...")."""
+    import yaml
+    where = resolve(name, path, env_var)
+    try:
+        data = yaml.safe_load(where.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{label}: cannot read {where}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{label}: {where} must hold a YAML mapping, got {type(data).__name__}")
+    return where, data

@@ -13,9 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-import yaml
-
-from configs import resolve, shipped
+from configs import read_yaml, shipped
 
 DEFAULT_PATH = shipped("glossary_zh.yaml")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -28,11 +26,7 @@ def has_cjk(text: str) -> bool:
 
 class Glossary:
     def __init__(self, path: str | os.PathLike | None = None):
-        path = resolve("glossary_zh.yaml", path, "GLOSSARY_ZH_PATH")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"glossary: cannot read {path}: {exc}") from exc
+        path, data = read_yaml("glossary", "glossary_zh.yaml", path, "GLOSSARY_ZH_PATH")
         terms = data.get("terms")
         if not isinstance(terms, dict) or not terms:
             raise ValueError(f"glossary: {path} needs a non-empty 'terms' mapping (Chinese term: English words)")
