@@ -13,6 +13,7 @@ centre answers two ways and the chat asks which one is meant.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -87,6 +88,13 @@ def _stems(text: str) -> set[str]:
     return words
 
 
+@functools.lru_cache(maxsize=65536)
+def _context_stems(span: Span) -> frozenset[str]:
+    """A span's context stems, computed once per span (spans are immutable; a rebuilt index
+    makes new ones)."""
+    return frozenset(_stems(span.context))
+
+
 def question_kind(question: str) -> re.Pattern | None:
     """What kind of fact answers the question (the pattern a span holding it matches), if any."""
     for asks, holds in _QUESTION_KINDS:
@@ -129,7 +137,7 @@ class AnswerSelector:
         total = sum(question_stems.values())
         if total <= 0:
             return 0.0
-        have = _stems(span.context)
+        have = _context_stems(span)
         return sum(w for s, w in question_stems.items() if s in have) / total
 
     def _weights(self, question: str, focus: str) -> dict[str, float]:
