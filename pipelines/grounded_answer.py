@@ -13,14 +13,12 @@ ways gets one clarifying question ("clarified").
 """
 from __future__ import annotations
 
-import re
-
 from pipelines.answer_selection import NUMBER, Selection
 from pipelines.answer_spans import Span
+from pipelines.query_translation import has_cjk
 
 ANSWER_MODES = ("extractive", "grounded_generation", "free")
 OUTCOMES = ("quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified", "free")
-_CJK = re.compile(r"[\u3400-\u9fff]")
 
 GROUNDED_RULES = ("Answer the customer in one or two short sentences using only the facts below. Copy every "
                   "number, price, duration and name exactly as the facts write it. Do not add anything else.")
@@ -31,7 +29,7 @@ def quoted_reply(spans: list[Span], question: str) -> str:
     # a list's introducing sentence and its item repeat each other: keep the longer
     spans = [s for s in spans if not any(o is not s and s.text.rstrip(".") in o.quote for o in spans)]
     body = " ".join(s.quote for s in spans)
-    if _CJK.search(question):
+    if has_cjk(question):
         return f"根据帮助中心《{spans[0].chunk.title}》：{body}"
     return body
 
@@ -39,7 +37,7 @@ def quoted_reply(spans: list[Span], question: str) -> str:
 def clarifying_question(a: Span, b: Span, question: str) -> str:
     """One question asking which of two differently answering articles is meant."""
     first, second = _topic(a), _topic(b)
-    if _CJK.search(question):
+    if has_cjk(question):
         return f"帮助中心对此有两种说明，取决于具体情况：您问的是「{first}」还是「{second}」？"
     return (f"Our help centre answers this two ways, depending on what you mean. Is your question about "
             f"{first}, or about {second}?")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,7 +42,7 @@ from pipelines.grounded_answer import (
 )
 from pipelines.inference_client import InferenceClient, InferenceError
 from pipelines.intent import IntentDetector, IntentResult
-from pipelines.knowledge_base import KnowledgeBase, Passage
+from pipelines.knowledge_base import Chunk, KnowledgeBase, Passage
 from pipelines.prompt import RULES, build_messages
 from pipelines.query_translation import Glossary
 
@@ -191,7 +191,7 @@ class SupportChat:
             return
         if selection.conflict is not None:
             reply = clarifying_question(*selection.conflict, clean_text)
-            cites = _citations([Passage(s.chunk, 0.0, 0.0) for s in selection.conflict])
+            cites = _citations([s.chunk for s in selection.conflict])
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, cites,
                                                      grounding="clarified"))
             return
@@ -200,7 +200,7 @@ class SupportChat:
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence,
                                                      grounding="unanswerable"))
             return
-        citations = _citations([Passage(s.chunk, 0.0, 0.0) for s in selection.spans])
+        citations = _citations([s.chunk for s in selection.spans])
         if mode == "extractive":
             reply = quoted_reply(selection.spans, clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, citations,
@@ -242,11 +242,7 @@ class SupportChat:
         verifier = SentenceVerifier(sources, self._leak_filter(tenant), names=(tenant.name,),
                                     embed=self.client.embed, source_vecs=vecs)
 
-        def check(sentence: str) -> str | None:
-            sentence = strip_markers(sentence) + (" " if sentence[-1:].isspace() else "")
-            return sentence if verifier.check(sentence).ok else None
-
-        guard = StreamGuard(self.banned, sentence_check=check)
+        guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: verifier.check(t).ok))
         parts: list[str] = []
         messages = grounded_messages(tenant.system_prompt, selection, history, clean_text)
         try:
@@ -287,12 +283,7 @@ class SupportChat:
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
         leak = self._leak_filter(tenant)
-
-        def check(sentence: str) -> str | None:
-            sentence = strip_markers(sentence) + (" " if sentence[-1:].isspace() else "")
-            return None if leak.leaks(sentence) else sentence
-
-        guard = StreamGuard(self.banned, sentence_check=check)
+        guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: not leak.leaks(t)))
         parts: list[str] = []
         try:
             yield from self._stream(messages, guard, parts)
@@ -300,7 +291,8 @@ class SupportChat:
             log.warning("generation failed (%s); answering from the help centre", exc)
             yield from self._degraded(clean_text, passages, intent, parts)
             return
-        yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, _citations(passages),
+        cites = _citations([p.chunk for p in passages])
+        yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, cites,
                                 grounding="free")
 
     def _respond_lexical(self, text: str) -> Iterator[tuple[str, object]]:
@@ -330,7 +322,8 @@ class SupportChat:
         fallback = self._degraded_text(text, passages)
         parts.append(fallback)
         yield "token", fallback
-        yield "done", ChatReply("".join(parts), intent.intent, intent.confidence, _citations(passages)[:1],
+        cites = _citations([p.chunk for p in passages])[:1]
+        yield "done", ChatReply("".join(parts), intent.intent, intent.confidence, cites,
                                 handoff=False, degraded=True)
 
     def _degraded_text(self, text: str, passages: list[Passage]) -> str:
@@ -347,10 +340,18 @@ class SupportChat:
         yield "done", result
 
 
-def _citations(passages: list[Passage]) -> list[dict]:
+def _citations(chunks: list[Chunk]) -> list[dict]:
     seen, out = set(), []
-    for p in passages:
-        if p.chunk.source not in seen:
-            seen.add(p.chunk.source)
-            out.append({"title": p.chunk.title, "source": f"kb/{p.chunk.source}"})
+    for c in chunks:
+        if c.source not in seen:
+            seen.add(c.source)
+            out.append({"title": c.title, "source": f"kb/{c.source}"})
     return out
+
+
+def _kept_if(ok: Callable[[str], bool]) -> Callable[[str], str | None]:
+    """A StreamGuard sentence check: the sentence without "[1]" markers if `ok` says so, else None."""
+    def check(sentence: str) -> str | None:
+        sentence = strip_markers(sentence) + (" " if sentence[-1:].isspace() else "")
+        return sentence if ok(sentence) else None
+    return check
