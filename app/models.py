@@ -1,0 +1,140 @@
+"""The conversation store's tables (SQLAlchemy 2.x declarative models). Alembic migrations in
+app/migrations/ create and change them; `python -m app db upgrade` applies them.
+
+    agents        a tenant's support agents (email, scrypt password hash, active flag)
+    conversations one customer chat: status open | pending_human | human | resolved, the
+                  handoff summary, the assignee, when it changed
+    messages      its turns in order: role user | assistant | agent | system, redacted text,
+                  the citations and grounding outcome of a bot reply, the agent who wrote one
+    handoffs      each request for a human: when asked, claimed, first answered, resolved
+    feedback      thumbs on a bot reply (kind "message") and the end-of-chat rating (kind "csat")
+    audit_events  who did what (logins, claims, replies, resolutions, account changes)
+
+Only cleaned text (PII redacted, banned terms masked) is ever written here. Times are UTC.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+STATUSES = ("open", "pending_human", "human", "resolved")
+ROLES = ("user", "assistant", "agent", "system")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite stores it naive)."""
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(dt.UTC) if value is not None else None
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    email: Mapped[str] = mapped_column(String(254), unique=True)           # stored lower-case
+    name: Mapped[str] = mapped_column(String(120))
+    password_hash: Mapped[str] = mapped_column(String(255))
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_login_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)          # the widget's session id
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    summary: Mapped[str] = mapped_column(Text, default="")                  # the handoff summary
+    assignee_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
+    contact_email: Mapped[str | None] = mapped_column(String(254), nullable=True)
+    num_messages: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    assignee: Mapped[Agent | None] = relationship(lazy="joined")
+    __table_args__ = (Index("ix_conversations_tenant_status_updated", "tenant_id", "status", "updated_at"),
+                      Index("ix_conversations_updated", "updated_at"))
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)                               # 0, 1, 2 ... in the conversation
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    citations: Mapped[list] = mapped_column(JSON, default=list)
+    intent: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    grounding: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    degraded: Mapped[bool] = mapped_column(Boolean, default=False)
+    blocked: Mapped[bool] = mapped_column(Boolean, default=False)
+    agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    agent: Mapped[Agent | None] = relationship(lazy="joined")
+    __table_args__ = (UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),)
+
+
+class Handoff(Base):
+    __tablename__ = "handoffs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    requested_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    claimed_by: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    first_reply_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    __table_args__ = (Index("ix_handoffs_tenant_requested", "tenant_id", "requested_at"),)
+
+
+class Feedback(Base):
+    __tablename__ = "feedback"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))                           # "message" | "csat"
+    message_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rating: Mapped[str] = mapped_column(String(8))                          # "up" | "down" | "1".."5"
+    comment: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AuditEvent(Base):
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
+    conversation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    action: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    __table_args__ = (Index("ix_audit_tenant_created", "tenant_id", "created_at"),)

@@ -1,0 +1,105 @@
+"""The support team's numbers over a date range, from the conversation database:
+
+    conversations                    conversations started (with at least one message)
+    handoff_rate                     share of them that asked for a human
+    bot_resolved_share               share the bot handled alone (no handoff)
+    median_first_human_response_s    handoff request -> the agent's first reply (median)
+    csat_average, csat_count         end-of-conversation ratings (1-5) given in the range
+
+`GET /api/agent/reports` returns them with a per-day breakdown; `ReportCollector` exports the
+last 24 hours per tenant as Prometheus gauges (monitoring/grafana/dashboard.json shows them).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import threading
+import time
+from collections import defaultdict
+
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import exists, select
+
+from app.db import Database
+from app.models import Conversation, Feedback, Handoff, utcnow
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime) -> dict:
+    """The numbers for conversations started in [start, end) (UTC)."""
+    with db.session(readonly=True) as s:
+        handed = exists().where(Handoff.conversation_id == Conversation.id)
+        convs = s.execute(select(Conversation.created_at, handed).where(
+            Conversation.tenant_id == tenant, Conversation.num_messages > 0,
+            Conversation.created_at >= start, Conversation.created_at < end)).all()
+        replies = s.execute(select(Handoff.requested_at, Handoff.first_reply_at).where(
+            Handoff.tenant_id == tenant, Handoff.first_reply_at.is_not(None),
+            Handoff.requested_at >= start, Handoff.requested_at < end)).all()
+        ratings = s.execute(select(Feedback.created_at, Feedback.rating).join(
+            Conversation, Conversation.id == Feedback.conversation_id).where(
+            Conversation.tenant_id == tenant, Feedback.kind == "csat",
+            Feedback.created_at >= start, Feedback.created_at < end)).all()
+    daily: dict[dt.date, dict] = defaultdict(lambda: {"conversations": 0, "handoffs": 0, "ratings": []})
+    for created, had_handoff in convs:
+        day = daily[created.date()]
+        day["conversations"] += 1
+        day["handoffs"] += int(bool(had_handoff))
+    for created, rating in ratings:
+        daily[created.date()]["ratings"].append(int(rating))
+    waits = [(first - asked).total_seconds() for asked, first in replies]
+    scores = [int(r) for _, r in ratings]
+    num_handoffs = sum(1 for _, h in convs if h)
+    days = []
+    day = start.date()
+    while day < end.date() or (day == end.date() and end.time() != dt.time(0)):
+        d = daily.get(day, {"conversations": 0, "handoffs": 0, "ratings": []})
+        days.append({"date": day.isoformat(), "conversations": d["conversations"], "handoffs": d["handoffs"],
+                     "csat_average": round(statistics.fmean(d["ratings"]), 2) if d["ratings"] else None})
+        day += dt.timedelta(days=1)
+    return {"conversations": len(convs), "handoffs": num_handoffs,
+            "handoff_rate": _ratio(num_handoffs, len(convs)),
+            "bot_resolved_share": _ratio(len(convs) - num_handoffs, len(convs)),
+            "median_first_human_response_s": round(statistics.median(waits), 1) if waits else None,
+            "csat_average": round(statistics.fmean(scores), 2) if scores else None,
+            "csat_count": len(scores), "daily": days}
+
+
+class ReportCollector:
+    """Prometheus gauges of the last 24 hours' report, per tenant (`support_report_*`); the
+    database is asked at most once per `cache_s`, however often Prometheus scrapes."""
+
+    def __init__(self, db: Database, tenant_ids, cache_s: float = 30.0):
+        self.db, self.tenant_ids, self.cache_s = db, tenant_ids, cache_s
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[str, dict]] | None = None
+
+    def _reports(self) -> dict[str, dict]:
+        with self._lock:
+            if self._cached is None or time.monotonic() - self._cached[0] > self.cache_s:
+                end = utcnow()
+                try:
+                    reports = {t: report(self.db, t, end - dt.timedelta(days=1), end) for t in self.tenant_ids()}
+                except Exception:                   # the database is down: no gauges this scrape
+                    reports = {}
+                self._cached = (time.monotonic(), reports)
+            return self._cached[1]
+
+    def collect(self):
+        fields = (("conversations", "conversations", "Conversations started in the last 24 h"),
+                  ("handoff_rate", "handoff_ratio", "Share of the last 24 h's conversations that asked for a human"),
+                  ("bot_resolved_share", "bot_resolved_ratio",
+                   "Share of the last 24 h's conversations the bot handled alone"),
+                  ("median_first_human_response_s", "first_human_response_median_seconds",
+                   "Median seconds from a handoff request to the first agent reply, last 24 h"),
+                  ("csat_average", "csat_average", "Average end-of-conversation rating (1-5), last 24 h"),
+                  ("csat_count", "csat_ratings", "End-of-conversation ratings given, last 24 h"))
+        reports = self._reports()
+        for key, name, doc in fields:
+            family = GaugeMetricFamily(f"support_report_{name}", doc, labels=["tenant"])
+            for tenant, rep in reports.items():
+                if rep[key] is not None:
+                    family.add_metric([tenant], float(rep[key]))
+            yield family
