@@ -24,6 +24,17 @@ class WebSettings(BaseSettings):
     celery_broker_url: str | None = None                  # default: REDIS_URL
     # the broker redelivers an unacknowledged task after this long: above the longest task
     celery_visibility_timeout_s: int = Field(7200, gt=0)
+    # the conversation store (app/db.py): SQLite in the instance folder unless set
+    database_url: str | None = None
+    db_auto_migrate: bool = True                            # apply migrations when an app starts
+    conversation_retention_days: int = Field(90, gt=0)      # older conversations are deleted (app/tasks.py)
+    handoff_wait_s: float = Field(300.0, gt=0)              # unanswered this long: offer email or the bot
+    # the agent console's sessions (app/agent_auth.py): the key that signs session cookies and CSRF
+    # tokens (unset: a random one kept in the instance folder), Secure cookies (unset: unless plain
+    # http to a loopback address), login attempts allowed per client IP and per email
+    secret_key: str | None = Field(None, repr=False)
+    agent_cookie_secure: bool | None = None
+    agent_login_limit: str = "10 per minute"
     # config files (resolved by `configs`: these override the shipped ones)
     kb_path: str | None = None
     kb_cache_dir: str | None = None
@@ -56,6 +67,10 @@ class WebSettings(BaseSettings):
         """The Flask config keys `create_app` and the views read."""
         return {
             "REDIS_URL": self.redis_url, "SESSION_TTL": self.session_ttl,
+            "DATABASE_URL": self.database_url, "DB_AUTO_MIGRATE": self.db_auto_migrate,
+            "CONVERSATION_RETENTION_DAYS": self.conversation_retention_days, "HANDOFF_WAIT_S": self.handoff_wait_s,
+            "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,
+            "AGENT_LOGIN_LIMIT": self.agent_login_limit,
             "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "INTENTS_PATH": self.intents_path,
             "BANNED_WORDS_PATH": self.banned_words_path, "TENANTS_PATH": self.tenants_path,
             "CHAT_TEMPERATURE": self.chat_temperature, "CHAT_MAX_TOKENS": self.chat_max_tokens,
