@@ -19,19 +19,26 @@ from flask import Flask, Response, abort, jsonify, request, send_from_directory
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+from app.agent_api import bp as agent_api_bp
+from app.agent_auth import AUTH_SCHEME, init_agent_auth
+from app.agent_auth import bp as agent_auth_bp
 from app.chat import bp as chat_bp
+from app.chat_handoff import bp as chat_handoff_bp
 from app.completion import bp as completion_bp
 from app.completion import init_completion
+from app.conversations import ConversationStore
+from app.db import DatabaseUnavailable, init_db
 from app.errors import error_response
+from app.handoffs import Handoffs
 from app.jobs import bp as jobs_bp
 from app.knowledge_base import bp as kb_bp
 from app.limits import init_limits
+from app.live_events import live_events_for
 from app.readiness import Readiness
+from app.reports import ReportCollector
 from app.schemas import METRICS, Readyz, Status
 from app.services import ChatServices
 from app.settings import WebSettings
-from app.store import MemoryStore
-from app.store_buffer import BufferedRedisStore, StoreUnavailable
 from app.tasks import BrokerUnavailable, celery_init_app
 from app.tenants import TenantRegistry
 from configs import shipped
@@ -44,7 +51,8 @@ KB_DIR_DEFAULT = shipped("kb")
 SECURITY_SCHEMES = {"siteKey": {"type": "apiKey", "in": "header", "name": "X-Site-Key",
                                 "description": "the tenant's site key (configs/tenants.yaml)"},
                     "apiKey": {"type": "http", "scheme": "bearer",
-                               "description": "a tenant's API key (stored hashed in configs/tenants.yaml)"}}
+                               "description": "a tenant's API key (stored hashed in configs/tenants.yaml)"},
+                    **AUTH_SCHEME}
 
 
 def create_app(config: dict | None = None, client=None, settings: WebSettings | None = None) -> Flask:
@@ -53,7 +61,10 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app = Flask(__name__, static_folder="static")
     settings = settings or WebSettings()
     app.extensions["settings"] = settings
-    app.config.update(MAX_MESSAGE_CHARS=4000, MAX_CONTENT_LENGTH=4 << 20, CHAT_MAX_BODY_BYTES=64 * 1024,
+    # SSE_MAX_S: a live-event stream ends after this long and the client reconnects with
+    # Last-Event-ID (so a stream never outlives a graceful shutdown's drain); SSE_MAX_STREAMS: per process
+    app.config.update(MAX_MESSAGE_CHARS=4000, SSE_MAX_S=25.0, SSE_MAX_STREAMS=256, MAX_CONTENT_LENGTH=4 << 20,
+                      CHAT_MAX_BODY_BYTES=64 * 1024,
                       ENGINE_ARGS={}, **settings.flask_config())
     app.config.update(config or {})
     if app.config["KB_PATH"]:              # one meaning for the index and the /kb/ links
@@ -70,9 +81,13 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
                                       "broker_transport_options": {"visibility_timeout": visibility},
                                       "worker_prefetch_multiplier": 1})
     celery_init_app(app)
-    ttl = app.config["SESSION_TTL"]
+    db = init_db(app)
+    init_agent_auth(app)
+    app.extensions["live_events"] = live_events_for(url)      # agent replies, typing, new handoffs
+    app.extensions["sse_slots"] = threading.BoundedSemaphore(app.config["SSE_MAX_STREAMS"])
     app.extensions["support_chat"] = {
-        "store": BufferedRedisStore(url, ttl) if url else MemoryStore(ttl),
+        "store": ConversationStore(db),
+        "handoffs": Handoffs(db),
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
         "services": ChatServices(app.config, client),
         "turn_slots": threading.BoundedSemaphore(app.config["CHAT_MAX_TURNS"]),      # app/chat.py
@@ -83,11 +98,16 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     services = app.extensions["support_chat"]["services"]
     registry.register(ReliabilityCollector(lambda: services.built_client))
     registry.register(DegradationCollector(app))
-    init_limits(app, chat_bp, completion_bp, jobs_bp, kb_bp)
+    tenants = app.extensions["support_chat"]["tenants"]
+    registry.register(ReportCollector(db, lambda: [t.tenant.tenant_id for t in tenants.tenants]))
+    init_limits(app, (chat_bp, chat_handoff_bp), completion_bp, jobs_bp, kb_bp)
     app.register_blueprint(chat_bp)
+    app.register_blueprint(chat_handoff_bp)
     init_completion(app)
     app.register_blueprint(jobs_bp)
     app.register_blueprint(kb_bp)
+    app.register_blueprint(agent_auth_bp)
+    app.register_blueprint(agent_api_bp)
 
     @app.get("/")
     def demo():
@@ -122,7 +142,8 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
         """This document, generated from the routes and their pydantic models (app/schemas.py)."""
         return jsonify(build_spec(app, title="Support chat and code completion", version="1",
                                   security_schemes=SECURITY_SCHEMES,
-                                  default_security={"/api/chat/": ("siteKey",), "/v1/": ("apiKey",)}))
+                                  default_security={"/api/chat/": ("siteKey",), "/v1/": ("apiKey",),
+                                                    "/api/agent/": tuple(AUTH_SCHEME)}))
 
     @app.get("/metrics")
     @documented(responses={200: METRICS}, tags=("operations",))
@@ -139,7 +160,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     def _not_allowed(_exc):
         return error_response(405, "method not allowed")
 
-    @app.errorhandler(StoreUnavailable)
+    @app.errorhandler(DatabaseUnavailable)
     @app.errorhandler(BrokerUnavailable)
     @app.errorhandler(RedisError)
     def _dependency_down(exc):

@@ -6,8 +6,12 @@ key in X-Site-Key; browsers may only call from the tenant's allowed origins.
     GET  /api/chat/sessions/<id>                 -> {"messages", "status"}
     POST /api/chat/sessions/<id>/feedback        {"message_index", "rating", "comment"}
     POST /api/chat/sessions/<id>/handoff         -> {"status": "pending_human"}
+    (the live events, CSAT, contact and cancel routes of a handoff: app/chat_handoff.py)
 
-Only cleaned text (PII redacted, banned terms masked) is stored, logged or sent to the model.
+While a human is asked for or answering (status pending_human | human) the bot stays silent: a
+message is stored and shown to the agents, and the reply is {"reply": null, "status", ...}.
+Conversations live in the database (app/conversations.py). Only cleaned text (PII redacted,
+banned terms masked) is stored, logged or sent to the model.
 Bodies are parsed by their models (app/schemas.py); every error is {"error": message}
 (app/errors.py).
 """
@@ -30,10 +34,11 @@ from flask import (
     stream_with_context,
 )
 
+from app import handoff_events
 from app.errors import PlainError, render, validate_body
 from app.schemas import (
     CHAT_STREAM,
-    ChatReplyOut,
+    ChatTurnOut,
     Error,
     FeedbackIn,
     MessageIn,
@@ -44,7 +49,6 @@ from app.schemas import (
     Status,
     error_responses,
 )
-from filters.pii import redact_pii
 from httpkit.openapi import documented
 from pipelines.support_chat import ChatReply, MessageTooLong
 
@@ -73,6 +77,8 @@ def _tenant_and_origin():
             raise PlainError(403, f"origin {origin} is not allowed")
         return Response(status=204)
     key = request.headers.get("X-Site-Key", "")
+    if not key and request.method == "GET" and request.path.endswith("/events"):
+        key = request.args.get("site_key", "")           # EventSource cannot send headers
     if not key:
         raise PlainError(401, "missing X-Site-Key header")
     tenant = registry.by_site_key(key)
@@ -122,21 +128,29 @@ def get_session(sid: str):
     tid = g.tenant.tenant.tenant_id
     store = _ext()["store"]
     _session(sid)
-    meta = store.meta(tid, sid) or {}
+    item = store.list_item(tid, sid) or {}
     # (the handoff summary is for the agent, not for the customer's widget)
-    return jsonify({"messages": store.messages(tid, sid), "status": meta.get("status", "open")})
+    assignee = item.get("assignee")
+    return jsonify({"messages": store.messages(tid, sid), "status": item.get("status", "open"),
+                    "assignee": {"name": assignee["name"]} if assignee else None})
 
 
 @bp.post("/sessions/<sid>/messages")
-@documented(path=SessionPath, body=MessageIn, responses={200: (ChatReplyOut, CHAT_STREAM), **_IN_SESSION},
-            tags=("chat",))
+@documented(path=SessionPath, body=MessageIn,
+            responses={200: (ChatTurnOut, CHAT_STREAM), **_IN_SESSION}, tags=("chat",))
 def post_message(sid: str):
-    """Send the customer's message; the reply as JSON, or streamed as server-sent events."""
+    """Send the customer's message; the reply as JSON, or streamed as server-sent events. While
+    a human is asked for or answering, the message goes to the agents and `reply` is null."""
     tid = g.tenant.tenant.tenant_id
     store, services = _ext()["store"], _ext()["services"]
     _session(sid)
     body = validate_body(MessageIn, request.get_json(silent=True),
                          context={"max_chars": current_app.config["MAX_MESSAGE_CHARS"]})
+    status = store.status(tid, sid)
+    if status in ("pending_human", "human"):
+        return _to_human(tid, sid, status, services.clean(body.content.strip()))
+    if status == "resolved" and _ext()["handoffs"].reopen(tid, sid):
+        handoff_events.status_changed(tid, sid, "open", None)
     slot = _TurnSlot(_ext()["turn_slots"])
     try:
         resp = _turn(sid, tid, store, services, body.content, body.stream, slot)
@@ -145,6 +159,20 @@ def post_message(sid: str):
         raise
     resp.call_on_close(slot.release)          # a stream the client dropped before it started
     return resp
+
+
+def _to_human(tid: str, sid: str, status: str, clean: str) -> Response:
+    """The customer writes while a human is asked for or answering: stored, sent to the agents."""
+    store = _ext()["store"]
+    index = store.append(tid, sid, {"role": "user", "content": clean})
+    message = store.messages(tid, sid)[index] if index >= 0 else None
+    if message is not None:
+        handoff_events.customer_message(tid, sid, message)
+    waiting = _ext()["handoffs"].waiting(tid, sid) if status == "pending_human" else None
+    if waiting is not None:
+        late = waiting["waited_s"] >= current_app.config["HANDOFF_WAIT_S"]
+        waiting.update(offer_email=late, offer_bot=late)
+    return jsonify({"reply": None, "status": status, "message_index": index, "waiting": waiting})
 
 
 class _TurnSlot:
@@ -184,9 +212,9 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
         metrics.turn(reply.intent, reply.degraded, reply.handoff, reply.blocked, reply.grounding)
         # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
         flag = {"blocked": True} if reply.blocked else {}
-        store.append(tid, sid, {"role": "user", "content": clean, "time": asked_at, **flag})
+        store.append(tid, sid, {"role": "user", "content": clean, **flag})
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
-                  "degraded": reply.degraded, "grounding": reply.grounding, "time": time.time(), **flag}
+                  "degraded": reply.degraded, "grounding": reply.grounding, **flag}
         index = store.append(tid, sid, record)
         if reply.handoff:
             _start_handoff(tid, sid)
@@ -234,9 +262,9 @@ def feedback(sid: str):
     store = _ext()["store"]
     _session(sid)
     body = validate_body(FeedbackIn, request.get_json(silent=True), context={"messages": store.messages(tid, sid)})
-    comment = _ext()["services"].banned.mask(redact_pii(body.comment)[0])[0]
-    store.add_feedback(tid, sid, {"message_index": body.message_index, "rating": body.rating, "comment": comment,
-                                  "time": time.time()})
+    comment = _ext()["services"].clean(body.comment)
+    store.add_feedback(tid, sid, {"kind": "message", "message_index": body.message_index, "rating": body.rating,
+                                  "comment": comment})
     current_app.extensions["web_metrics"].feedback.labels(body.rating).inc()
     return jsonify({"ok": True})
 
@@ -248,13 +276,13 @@ def handoff(sid: str):
     tid = g.tenant.tenant.tenant_id
     _session(sid)
     _start_handoff(tid, sid)
-    return jsonify({"status": "pending_human"})
+    return jsonify({"status": _ext()["store"].status(tid, sid)})
 
 
 def _start_handoff(tid: str, sid: str) -> None:
-    store = _ext()["store"]
-    if (store.meta(tid, sid) or {}).get("status") == "pending_human":
-        return
-    store.set_meta(tid, sid, status="pending_human")
+    if not _ext()["handoffs"].request(tid, sid):
+        return                                              # already waiting for or with a human
+    current_app.extensions["web_metrics"].handoffs.labels("requested").inc()
+    handoff_events.handoff_requested(tid, sid)
     from app.tasks import start_or_queue, summarize_handoff
     start_or_queue(summarize_handoff, tid, sid)            # the broker down: sent once it is back

@@ -253,7 +253,7 @@ def repository_job(job_id: str):
 def init_completion(app) -> None:
     app.config["COMPLETION_API_KEY_HASHES"] = [hash_api_key(k) for k in app.config["COMPLETION_API_KEYS"] or []]
     app.config["COMPLETION_API_KEYS"] = None             # only the hashes are kept
-    from app.store import BatchStore, JobStore
+    from app.job_store import BatchStore, JobStore
     from monitoring.completion_metrics import CompletionMetrics
     from pipelines.completion import Languages
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),

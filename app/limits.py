@@ -63,8 +63,9 @@ def _api_key() -> str:
     return "key:" + _digest(auth.removeprefix("Bearer ").strip())
 
 
-def init_limits(app: Flask, chat_bp, *api_bps) -> Limiter:
-    """Attach the limits to the chat blueprint and the API-key ones (call before registering them)."""
+def init_limits(app: Flask, chat_bps: tuple, *api_bps) -> Limiter:
+    """Attach the limits to the chat blueprints (site key) and the API-key ones (call before
+    registering them)."""
     limits = app.config.get("RATE_LIMITS") or load_limits(app.config.get("LIMITS_PATH"))
     app.config["RATE_LIMITS"] = limits
     storage = app.config.get("REDIS_URL") or "memory://"
@@ -76,9 +77,10 @@ def init_limits(app: Flask, chat_bp, *api_bps) -> Limiter:
         return request.path in UNLIMITED_PATHS or request.method == "OPTIONS"
 
     # shared limits: one counter per key across all of a blueprint's routes
-    for bp in (chat_bp, *api_bps):
+    for bp in (*chat_bps, *api_bps):
         limiter.shared_limit(limits["per_ip"], scope=f"{bp.name}-ip", exempt_when=skip)(bp)
-    limiter.shared_limit(limits["per_site_key"], scope="chat-site", key_func=_site_key, exempt_when=skip)(chat_bp)
+    for bp in chat_bps:                                  # one site key: one budget over the chat API
+        limiter.shared_limit(limits["per_site_key"], scope="chat-site", key_func=_site_key, exempt_when=skip)(bp)
     for bp in api_bps:                                   # one API key: one budget over all of them
         limiter.shared_limit(limits["per_api_key"], scope="api-key", key_func=_api_key, exempt_when=skip)(bp)
 

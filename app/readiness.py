@@ -64,7 +64,7 @@ class Readiness:
             if self._cached and time.monotonic() - self._cached[0] < self.cache_s:
                 return self._cached[1]
         ext = self.app.extensions
-        services, store = ext["support_chat"]["services"], ext["support_chat"]["store"]
+        services = ext["support_chat"]["services"]
         deps: dict[str, dict] = {}
         client = services.built_client
         for ep in getattr(client, "endpoints", []):
@@ -87,10 +87,10 @@ class Readiness:
         url = self.app.config.get("REDIS_URL")
         if url:
             deps["redis"] = {"state": _redis_ping(url)}
-            if hasattr(store, "num_queued"):
-                deps["redis"]["buffered_writes"] = store.num_queued
         else:
-            deps["redis"] = {"state": "not configured (in-process store)"}
+            deps["redis"] = {"state": "not configured (in-process limits and live events)"}
+        db = ext["db"]
+        deps["database"] = {"state": "up" if db.ping() else "down", "backend": db.url.get_backend_name()}
         deps["celery_broker"] = {"state": _broker_state(ext["celery"]),
                                  "outbox_pending": ext["outbox"].num_pending}
         with self._lock:

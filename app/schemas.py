@@ -82,20 +82,60 @@ class Citation(BaseModel):
     source: str
 
 
+class Author(BaseModel):
+    name: str
+
+
 class StoredMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["user", "assistant"]
+    index: int
+    role: Literal["user", "assistant", "agent", "system"]
     content: str
-    time: float
+    created_at: str = Field(description="ISO 8601, UTC")
     citations: list[Citation] | None = None
     intent: str | None = None
+    grounding: str | None = None
     degraded: bool | None = None
     blocked: bool | None = None
+    author: Author | None = Field(None, description="the agent who wrote it (role agent)")
+
+
+CONVERSATION_STATUS = Literal["open", "pending_human", "human", "resolved"]
 
 
 class SessionView(BaseModel):
     messages: list[StoredMessage]
-    status: str = Field(description="open, or pending_human after a handoff")
+    status: CONVERSATION_STATUS = Field(description="open (the bot answers), pending_human (waiting for an "
+                                                    "agent), human (an agent answers), resolved")
+    assignee: Author | None = Field(None, description="the agent answering, while status is human")
+
+
+class Waiting(BaseModel):
+    queue_position: int | None = Field(description="1: the next conversation an agent takes")
+    waited_s: float
+    offer_email: bool = Field(description="waited past HANDOFF_WAIT_S: offer to leave an email")
+    offer_bot: bool = Field(description="waited past HANDOFF_WAIT_S: offer to go back to the assistant")
+
+
+class HumanTurnOut(BaseModel):
+    reply: None = Field(description="the bot stays silent while a human is asked for or answering")
+    status: Literal["pending_human", "human"]
+    message_index: int
+    waiting: Waiting | None = None
+
+
+class CsatIn(_In):
+    rating: Annotated[int, Field(ge=1, le=5), Errors("rating: must be an integer from 1 to 5")]
+    comment: Annotated[str, Field(max_length=2000), Errors("comment: must be a string of at most 2000 characters")] = ""
+
+
+class ContactIn(_In):
+    email: Annotated[str, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$"),
+                     Errors("email: must be an email address")]
+
+
+class StatusOut(BaseModel):
+    status: CONVERSATION_STATUS
 
 
 class MessageIn(_In):
@@ -130,6 +170,10 @@ class ChatReplyOut(BaseModel):
     message_index: int
 
 
+class ChatTurnOut(RootModel[ChatReplyOut | HumanTurnOut]):
+    """The bot's reply, or (while a human is asked for or answering) the note that it stays silent."""
+
+
 class TokenEvent(BaseModel):
     text: str
 
@@ -139,6 +183,20 @@ class StreamError(BaseModel):
 
 
 CHAT_STREAM = Stream({"token": TokenEvent, "done": ChatReplyOut, "error": StreamError})
+
+
+class TypingEvent(BaseModel):
+    typing: bool
+    name: str = Field(description="the agent's name")
+
+
+class ConversationStatusEvent(BaseModel):
+    status: CONVERSATION_STATUS
+    assignee: Author | None
+    queue_position: int | None
+
+
+CHAT_EVENTS = Stream({"message": StoredMessage, "typing": TypingEvent, "status": ConversationStatusEvent})
 
 
 class FeedbackIn(_In):

@@ -21,6 +21,7 @@ import threading
 import time
 
 from filters.banned_words import BannedWordFilter
+from filters.pii import redact_pii
 from pipelines.inference_client import InferenceClient
 from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
@@ -44,6 +45,11 @@ class ChatServices:
         self.last_build_error: str | None = None
         self.full_since: float | None = None             # time.time() the full pipeline came up
         self.banned = BannedWordFilter.from_file(config.get("BANNED_WORDS_PATH"))
+
+    def clean(self, text: str) -> str:
+        """Text as it may be stored and shown: PII redacted, banned terms masked (agents' replies,
+        comments, messages the bot does not answer)."""
+        return self.banned.mask(redact_pii(text)[0])[0]
 
     @property
     def client(self) -> InferenceClient:

@@ -86,8 +86,8 @@ def extractive_summary(messages: list[dict]) -> str:
 
 @shared_task(ignore_result=False, acks_late=True, max_retries=3, default_retry_delay=5)
 def summarize_handoff(tenant_id: str, session_id: str) -> str:
-    """Write a summary of the conversation for the agent into the session (status stays
-    pending_human). Falls back to an extractive summary when the model is unavailable."""
+    """Write a summary of the conversation for the agent taking it over (status unchanged).
+    Falls back to an extractive summary when the model is unavailable."""
     ext = current_app.extensions["support_chat"]
     store, client = ext["store"], ext["services"].client
     if not store.exists(tenant_id, session_id):
@@ -104,8 +104,23 @@ def summarize_handoff(tenant_id: str, session_id: str) -> str:
             summary = ""
     # the model's text goes through the same compliance filters as a reply
     summary = sanitize(summary, ext["services"].banned) if summary else extractive_summary(messages)
-    store.set_meta(tenant_id, session_id, handoff_summary=summary)
+    store.set_summary(tenant_id, session_id, summary)
     return summary
+
+
+# Celery beat runs it daily (the worker's beat schedule, app/worker.py); the embedded default
+# runs it from `python -m app serve` at start and every day after.
+RETENTION_SCHEDULE_S = 24 * 3600
+
+
+@shared_task(ignore_result=True, acks_late=True)
+def delete_old_conversations() -> int:
+    """Delete conversations older than CONVERSATION_RETENTION_DAYS (messages, handoffs and
+    feedback with them)."""
+    days = current_app.config["CONVERSATION_RETENTION_DAYS"]
+    deleted = current_app.extensions["support_chat"]["store"].delete_older_than(days)
+    current_app.logger.info("retention: deleted %d conversations older than %d days", deleted, days)
+    return deleted
 
 
 @shared_task(ignore_result=False, acks_late=True, max_retries=2, default_retry_delay=5, time_limit=1800)

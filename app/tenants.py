@@ -66,6 +66,9 @@ class TenantRegistry:
                 return t
         return None
 
+    def by_id(self, tenant_id: str) -> TenantConfig | None:
+        return next((t for t in self.tenants if t.tenant.tenant_id == tenant_id), None)
+
     def by_api_key(self, key: str) -> TenantConfig | None:
         """The tenant whose api_keys hold this key's hash (every entry compared: no early exit)."""
         digest = hash_api_key(key).encode()

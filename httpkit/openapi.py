@@ -55,18 +55,19 @@ class Doc:
     headers: type[BaseModel] | None         # request headers the operation reads (not auth)
     security: tuple[str, ...] | None        # names of the spec's security schemes; None = the API's default
     tags: tuple[str, ...]
+    query: type[BaseModel] | None = None    # the query string's parameters
 
 
 def documented(*, responses: dict[int, Any], body: type[BaseModel] | None = None, body_required: bool = True,
                extra_bodies: tuple[Body, ...] = (), path: type[BaseModel] | None = None,
                headers: type[BaseModel] | None = None, security: tuple[str, ...] | None = None,
-               tags: tuple[str, ...] = (), summary: str | None = None):
+               tags: tuple[str, ...] = (), summary: str | None = None, query: type[BaseModel] | None = None):
     """Attach the operation's contract to a view function (apply below the route decorator)."""
     def mark(view):
         norm = {int(s): tuple(v) if isinstance(v, (list, tuple)) else (v,) for s, v in responses.items()}
         doc = (view.__doc__ or view.__name__).strip().splitlines()[0]
         setattr(view, _ATTR, Doc(summary or doc, body, tuple(extra_bodies), body_required, norm, path, headers,
-                                 security, tuple(tags)))
+                                 security, tuple(tags), query))
         return view
     return mark
 
@@ -165,7 +166,8 @@ def build_spec(app: Flask, *, title: str, version: str, description: str = "",
                                             for s, v in sorted(doc.responses.items())}}
         if doc.tags:
             op["tags"] = list(doc.tags)
-        params = _params(doc.path, "path", components) + _params(doc.headers, "header", components)
+        params = (_params(doc.path, "path", components) + _params(doc.query, "query", components)
+                  + _params(doc.headers, "header", components))
         declared = {p["name"] for p in params if p["in"] == "path"}
         params += [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
                    for n in _RULE_ARG.findall(rule) if n not in declared]

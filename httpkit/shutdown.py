@@ -1,6 +1,7 @@
 """Graceful shutdown of a WSGI server (the web app and the inference service both run waitress):
 
     SIGTERM / SIGINT
+      -> on_drain() (e.g. end open live-event streams: their clients reconnect elsewhere)
       -> draining: new requests get 503 {"error": "shutting down"} with Retry-After (a load
          balancer retries them on another replica), health checks fail
       -> in-flight requests, streamed replies included, run to their end, for at most
@@ -46,10 +47,12 @@ class GracefulShutdown:
     """WSGI middleware + signal handling. Wrap the app, then `install()` in the main thread."""
 
     def __init__(self, app, drain_s: float = 30.0, on_exit: Callable[[], None] | None = None,
-                 exit: Callable[[int], None] = os._exit, flush_s: float = 1.0):
+                 exit: Callable[[int], None] = os._exit, flush_s: float = 1.0,
+                 on_drain: Callable[[], None] | None = None):
         """flush_s: how long the server gets, once the last response is closed, to write what it
         still buffers to the sockets (waitress closes the iterable before its output is sent)."""
         self.app, self.drain_s, self.on_exit, self._exit, self.flush_s = app, drain_s, on_exit, exit, flush_s
+        self.on_drain = on_drain
         self.draining = False
         self.in_flight = 0
         self._lock = threading.Lock()
@@ -88,6 +91,11 @@ class GracefulShutdown:
 
     def drain_and_exit(self) -> None:
         deadline = time.monotonic() + self.drain_s
+        if self.on_drain is not None:
+            try:
+                self.on_drain()
+            except Exception:                   # draining must go on whatever the hook does
+                log.exception("shutdown: on_drain failed")
         with self._lock:
             while self.in_flight > 0 and time.monotonic() < deadline:
                 self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))

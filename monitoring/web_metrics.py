@@ -5,6 +5,10 @@
     chat_first_token_seconds                          message received -> first text streamed
     chat_turns_total{intent, outcome}                 outcome: answered | degraded | handoff | blocked
     chat_feedback_total{rating}                       thumbs up / down
+    chat_csat_total{rating}                           end-of-conversation rating 1-5
+    chat_handoffs_total{event}                        requested, claimed, resolved, cancelled
+    agent_messages_total                              agents' replies to customers
+    agent_first_reply_seconds                         handoff request -> first agent reply
     chat_filter_blocks_total{filter}                  banned_words | injection
 
 Under gunicorn (PROMETHEUS_MULTIPROC_DIR set) every worker writes its values to that directory
@@ -43,6 +47,14 @@ class WebMetrics:
                                  "quoted, verified_generated, sentence_dropped, unanswerable, clarified, free",
                                  ["outcome"], registry=r)
         self.feedback = Counter("chat_feedback_total", "Chat feedback", ["rating"], registry=r)
+        self.csat = Counter("chat_csat_total", "End-of-conversation ratings (1-5) after a human resolved it",
+                            ["rating"], registry=r)
+        self.handoffs = Counter("chat_handoffs_total", "Handoffs to a human, by what happened",
+                                ["event"], registry=r)          # requested, claimed, resolved, cancelled
+        self.agent_messages = Counter("agent_messages_total", "Messages agents sent to customers", registry=r)
+        self.first_human_reply = Histogram(
+            "agent_first_reply_seconds", "From the handoff request to the agent's first reply",
+            buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
         self.filter_blocks = Counter("chat_filter_blocks_total", "Chat messages blocked by a filter", ["filter"],
                                      registry=r)
 

@@ -26,6 +26,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Apps built in a test have no serve-time warm-up thread: their first chat turn waits for the full
 # pipeline's first build (as a started server's warm-up does) instead of answering degraded.
 os.environ.setdefault("CHAT_BUILD_WAIT_S", "300")
+# Apps built by tests keep their conversations in one SQLite file of this run, not in the
+# checkout's instance folder (tests of the store itself give each test its own database).
+if "DATABASE_URL" not in os.environ:
+    import tempfile
+    os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='conversations-')}/conversations.db"
+os.environ.setdefault("SECRET_KEY", "tests-only-secret-key")     # else each app writes instance/secret_key
 for _var in ("RATE_LIMIT_PER_IP", "RATE_LIMIT_PER_SITE_KEY", "RATE_LIMIT_PER_API_KEY"):
     os.environ.setdefault(_var, "100000 per second")
 

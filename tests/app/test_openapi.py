@@ -14,11 +14,13 @@ import schemathesis
 from schemathesis.core.parameters import ParameterLocation
 
 from app import create_app
+from app.agents import AgentAccounts
 from tests.helpers.fuzz import fuzz
 
 CHAT_KEY, API_KEY = {"X-Site-Key": "demo-site-key"}, {"Authorization": "Bearer demo-api-key"}
 EXAMPLES_PER_OPERATION = 210             # per mode (valid, invalid); 13 operations take input
 MIN_CASES = 5000
+AGENT_PASSWORD = "fuzzing agent password"
 CASES: Counter = Counter()                 # API -> cases run
 
 
@@ -27,9 +29,22 @@ def web_app(tiny_client, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     (repo / "util.py").write_text("def add(a, b):\n    return a + b\n")
     app = create_app({"KB_CACHE_DIR": str(tmp_path_factory.mktemp("kb")), "REDIS_URL": None, "CHAT_MAX_TOKENS": 4,
-                      "COMPLETION_REPO_ROOTS": [str(repo)], "CODE_INDEX_DIR": str(tmp_path_factory.mktemp("idx"))},
+                      "COMPLETION_REPO_ROOTS": [str(repo)], "CODE_INDEX_DIR": str(tmp_path_factory.mktemp("idx")),
+                      "SSE_MAX_S": 0.05,                  # live-event streams end at once: one case each
+                      "AGENT_LOGIN_LIMIT": "100000 per minute"},
                      client=tiny_client)
+    AgentAccounts(app.extensions["db"]).add("demo", "fuzz@northwind.test", AGENT_PASSWORD, name="Fuzz")
     return app
+
+
+@pytest.fixture(scope="module")
+def agent_headers(web_app):
+    """The agent API's credentials as headers: the session cookie and its CSRF token."""
+    client = web_app.test_client()
+    resp = client.post("/api/agent/login", json={"email": "fuzz@northwind.test", "password": AGENT_PASSWORD})
+    assert resp.status_code == 200
+    cookie = resp.headers["Set-Cookie"].split(";", 1)[0]
+    return {"Cookie": cookie, "X-CSRF-Token": resp.get_json()["csrf_token"]}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +62,9 @@ def live_ids(web_app):
         assert client.post(f"/api/chat/sessions/{sid}/messages", json={"content": "How long do refunds take?"},
                            headers=CHAT_KEY).status_code == 200
     job = client.post("/v1/jobs", json={"requests": [{"prompt": "hi", "max_tokens": 2}]}, headers=API_KEY).get_json()
-    return {"sid": sids, "job_id": [job["job_id"]]}
+    for sid in sids[1:3]:
+        client.post(f"/api/chat/sessions/{sid}/handoff", headers=CHAT_KEY)
+    return {"sid": sids, "job_id": [job["job_id"]], "cid": sids}
 
 
 def test_the_spec_is_generated_from_the_routes(web_app):
@@ -76,8 +93,8 @@ def _prepare(live_ids):
 
 
 @pytest.mark.parametrize("api,prefix", [("chat", "/api/chat"), ("completion", "/v1/"), ("jobs", "/v1/jobs"),
-                                        ("operations", "/")])
-def test_no_server_errors_and_responses_match_the_spec(web_app, web_schema, live_ids, api, prefix):
+                                        ("agent", "/api/agent"), ("operations", "/")])
+def test_no_server_errors_and_responses_match_the_spec(web_app, web_schema, live_ids, agent_headers, api, prefix):
     client = web_app.test_client()
 
     def after(case, response):                   # a job's eager thread would compete for the CPU
@@ -85,11 +102,13 @@ def test_no_server_errors_and_responses_match_the_spec(web_app, web_schema, live
             client.post(f"/v1/jobs/{response.json()['job_id']}/cancel", headers=API_KEY)
 
     def select(path: str) -> bool:
-        groups = {"chat": path.startswith("/api/chat"), "jobs": path.startswith("/v1/jobs")}
+        groups = {"chat": path.startswith("/api/chat"), "jobs": path.startswith("/v1/jobs"),
+                  "agent": path.startswith("/api/agent") and path != "/api/agent/logout"}
         groups["completion"] = path.startswith("/v1/") and not groups["jobs"]
         groups["operations"] = not any(groups.values())
         return groups[api]
-    counts = fuzz(web_schema, EXAMPLES_PER_OPERATION, _prepare(live_ids), {**CHAT_KEY, **API_KEY}, select, after)
+    headers = agent_headers if api == "agent" else {**CHAT_KEY, **API_KEY}
+    counts = fuzz(web_schema, EXAMPLES_PER_OPERATION, _prepare(live_ids), headers, select, after)
     assert counts, f"no operations under {prefix}"
     CASES[api] += sum(counts.values())
     print(api, dict(counts))
@@ -97,4 +116,4 @@ def test_no_server_errors_and_responses_match_the_spec(web_app, web_schema, live
 
 def test_enough_cases_ran():
     assert sum(CASES.values()) >= MIN_CASES, dict(CASES)
-    assert min(CASES[api] for api in ("chat", "completion", "jobs")) >= 1000, dict(CASES)
+    assert min(CASES[api] for api in ("chat", "completion", "jobs", "agent")) >= 1000, dict(CASES)

@@ -1,5 +1,6 @@
-"""Redis restarted during chat traffic: requests in flight ride the restart out (retries with
-backoff), sessions survive it (append-only file), and no request gets a 5xx."""
+"""Redis restarted during chat traffic: requests in flight ride the restart out (rate limits fall
+back to in-process counters), the conversation (in the database) loses nothing, and no request
+gets a 5xx."""
 from __future__ import annotations
 
 import shutil

@@ -90,5 +90,6 @@ def test_dashboard_and_alerts_query_only_exported_metrics(tiny_client, tmp_path)
                 missing.setdefault(n, e)
     assert not missing, f"queried but never exported: {missing}"
     wanted = {"ChatLatencyHigh", "WebErrorRateHigh", "InferenceBreakerOpen", "GpuMemoryHigh", "InferenceQueueGrowing",
-              "JobQueueGrowing", "NoReadyInferenceReplica", "ChatAnswersDegraded", "WritesBufferedInProcess"}
+              "JobQueueGrowing", "NoReadyInferenceReplica", "ChatAnswersDegraded", "TasksBufferedInProcess",
+              "ConversationDatabaseDown"}
     assert wanted <= {r["alert"] for r in rules}

@@ -199,7 +199,8 @@ class Customer:
         if r.status_code != 200:
             self.tally.record(r.status_code, r.headers, time.monotonic() - t0, r.text)
             return None
-        reply = r.json() if not stream else done_event(r.iter_lines(decode_unicode=True))
+        as_json = not stream or r.headers.get("Content-Type", "").startswith("application/json")   # a human's turn
+        reply = r.json() if as_json else done_event(r.iter_lines(decode_unicode=True))
         self.tally.record(200, r.headers, time.monotonic() - t0)
         if reply.get("degraded"):
             self.tally.degraded += 1
