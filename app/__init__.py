@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from app.agent_api import bp as agent_api_bp
 from app.agent_auth import AUTH_SCHEME, init_agent_auth
 from app.agent_auth import bp as agent_auth_bp
+from app.agent_console import bp as console_bp
 from app.chat import bp as chat_bp
 from app.chat_handoff import bp as chat_handoff_bp
 from app.completion import bp as completion_bp
@@ -108,6 +109,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.register_blueprint(kb_bp)
     app.register_blueprint(agent_auth_bp)
     app.register_blueprint(agent_api_bp)
+    app.register_blueprint(console_bp)
 
     @app.get("/")
     def demo():

@@ -13,6 +13,11 @@
  * does not leak out. Untrusted text (user input, model replies, citations) only ever reaches
  * the DOM through textContent / createTextNode, never innerHTML.
  * window.NorthwindChat = { open(), close(), toggle(), reset() } for host pages.
+ *
+ * Human handoff: once the customer asks for a human (or the bot hands over), messages go to the
+ * agent (the server answers {"reply": null, "status", "waiting"}), and GET .../events (SSE,
+ * EventSource, site key in the query) brings the agent's messages, typing and status; a resolved
+ * conversation asks for a 1-5 rating and goes back to the bot.
  */
 (function () {
   "use strict";
@@ -52,6 +57,18 @@
       degraded: "Limited mode", degradedTitle: "The assistant is running in limited mode; answers may be less complete.",
       error: "Sorry, something went wrong.", network: "Connection problem. Please check your network.",
       interrupted: "The reply was interrupted.", retry: "Retry", retryAria: "Resend your last message",
+      waiting: "Waiting for an agent…", waitingQueue: "Waiting for an agent — you are number {n} in the queue.",
+      offerEmail: "Leave your email and we'll reply", emailLabel: "Your email", emailPlaceholder: "you@example.com",
+      emailSend: "Send", emailInvalid: "Please enter a valid email address.", emailThanks: "Thanks! We'll reply to {email}.",
+      emailFailed: "Couldn't save your email. Please try again.",
+      offerBot: "Go back to the assistant", backToBot: "You're back with the assistant. Ask away!",
+      cancelFailed: "Couldn't go back to the assistant. Please try again.",
+      agentLabel: "{name} (support)", agentFallback: "Support agent", agentTyping: "{name} is typing…",
+      agentJoined: "{name} joined the conversation",
+      resolvedNotice: "This conversation with our support team is closed. The assistant can help with anything else.",
+      csatQuestion: "How would you rate this conversation?", csatStar: "{n} star", csatStars: "{n} stars",
+      csatComment: "Comment (optional)", csatSubmit: "Send rating", csatPick: "Choose a rating first.",
+      csatThanks: "Thanks for your rating", csatFailed: "Couldn't send your rating. Please try again.",
     },
     zh: {
       title: "Northwind 客服", open: "打开客服聊天", close: "关闭客服聊天",
@@ -66,9 +83,23 @@
       degraded: "有限模式", degradedTitle: "服务当前处于有限模式,回答可能不够完整。",
       error: "抱歉,出现了问题。", network: "网络连接出现问题,请检查网络。",
       interrupted: "回复中断了。", retry: "重试", retryAria: "重新发送上一条消息",
+      waiting: "正在等待人工客服…", waitingQueue: "正在等待人工客服——您目前排在第 {n} 位。",
+      offerEmail: "留下邮箱,我们会回复您", emailLabel: "您的邮箱", emailPlaceholder: "you@example.com",
+      emailSend: "提交", emailInvalid: "请输入有效的邮箱地址。", emailThanks: "谢谢!我们会回复到 {email}。",
+      emailFailed: "邮箱保存失败,请重试。",
+      offerBot: "返回智能助手", backToBot: "已返回智能助手,请继续提问。",
+      cancelFailed: "无法返回智能助手,请重试。",
+      agentLabel: "{name}(客服)", agentFallback: "客服人员", agentTyping: "{name} 正在输入…",
+      agentJoined: "{name} 已加入对话",
+      resolvedNotice: "本次人工客服对话已结束。如有其他问题,智能助手可以继续为您解答。",
+      csatQuestion: "您对本次服务满意吗?", csatStar: "{n} 星", csatStars: "{n} 星",
+      csatComment: "留言(可选)", csatSubmit: "提交评价", csatPick: "请先选择评分。",
+      csatThanks: "感谢您的评价", csatFailed: "评价提交失败,请重试。",
     },
   };
   const t = (key) => STRINGS[lang][key] || STRINGS.en[key] || key;
+  /** t(key) with "{name}" placeholders filled from vars (plain text, inserted via textContent). */
+  const tf = (key, vars) => t(key).replace(/\{(\w+)\}/g, (m, k) => (vars && vars[k] != null ? String(vars[k]) : m));
 
   /* ------------------------------------------------------------------ DOM helpers */
 
@@ -323,9 +354,17 @@
     ready: null,      // history restore promise; sends wait for it
     busy: false,      // a reply is streaming
     open: false,
-    handoff: false,   // status pending_human
+    handoff: false,   // a human was asked for (pending_human or human): the notice was shown
+    status: "open",   // the conversation: open | pending_human | human | resolved
     lastUserText: "",
     failed: [],       // nodes to remove when the user retries (error row, partial reply)
+    events: null,     // EventSource of the live agent events, while a human is involved
+    eventsRetry: null, eventsBackoff: 2000,
+    seen: {},         // message index -> shown (live events, refetches and our own sends overlap)
+    joined: "",       // the agent last announced as having joined
+    waiting: {},      // the last waiting info: queue_position, offer_email, offer_bot
+    contactLeft: false,
+    agentTyping: null, typingTimer: null,
   };
 
   async function ensureSession() {
@@ -399,6 +438,28 @@
   const composer = h("form", { class: "nw-composer", onsubmit: (e) => { e.preventDefault(); submit(); } },
     [input, sendBtn]);
 
+  // While waiting for an agent: the queue position and, after a while, the email / bot offers.
+  const waitText = h("span", { class: "nw-wait-text", role: "status", "data-testid": "nw-waiting-text" });
+  const emailBtn = h("button", {
+    type: "button", class: "nw-link-btn", "data-testid": "nw-offer-email", text: t("offerEmail"), hidden: true,
+    onclick: () => { emailForm.hidden = false; emailBtn.hidden = true; emailInput.focus(); },
+  });
+  const botBtn = h("button", {
+    type: "button", class: "nw-link-btn", "data-testid": "nw-offer-bot", text: t("offerBot"), hidden: true,
+    onclick: () => cancelHandoff(),
+  });
+  const emailInput = h("input", {
+    type: "email", class: "nw-email", "data-testid": "nw-email", "aria-label": t("emailLabel"),
+    placeholder: t("emailPlaceholder"), autocomplete: "email", maxlength: "254",
+  });
+  const emailForm = h("form", { class: "nw-email-form", hidden: true, onsubmit: (e) => { e.preventDefault(); leaveEmail(); } }, [
+    emailInput, h("button", { type: "submit", class: "nw-email-send", "data-testid": "nw-email-send", text: t("emailSend") }),
+  ]);
+  const emailStatus = h("div", { class: "nw-wait-status", "data-testid": "nw-email-status", "aria-live": "polite" });
+  const waitBar = h("div", { class: "nw-waitbar", "data-testid": "nw-waiting", hidden: true }, [
+    waitText, h("div", { class: "nw-offers" }, [emailBtn, botBtn]), emailForm, emailStatus,
+  ]);
+
   const panel = h("section", {
     id: "nw-panel", class: "nw-panel", "data-testid": "nw-panel", role: "dialog",
     "aria-label": attr("data-title") || t("title"), hidden: true,
@@ -406,7 +467,7 @@
     h("header", { class: "nw-header" }, [
       h("div", { class: "nw-title", text: attr("data-title") || t("title") }), handoffBtn, closeBtn,
     ]),
-    log, composer,
+    log, waitBar, composer,
   ]);
   root.appendChild(panel);
   root.appendChild(launcher);
@@ -552,6 +613,85 @@
     ]));
   }
 
+  const agentName = (author) => (author && author.name ? String(author.name) : t("agentFallback"));
+
+  /** A support agent's message, labelled with their name ("Dana (support)"). */
+  function addAgentMessage(m) {
+    dropAgentTyping();
+    const content = h("div", { class: "nw-content" });
+    content.appendChild(renderMarkdown(String(m.content || "")));
+    return append(h("div", { class: "nw-row nw-row-assistant" }, [
+      h("div", { class: "nw-msg nw-msg-agent", "data-testid": "nw-message", "data-role": "agent" }, [
+        h("div", { class: "nw-author", "data-testid": "nw-agent-name", text: tf("agentLabel", { name: agentName(m.author) }) }),
+        content,
+      ]),
+    ]));
+  }
+
+  /** "Dana is typing…" (kept last in the log; hidden again if no update comes for a while). */
+  function showAgentTyping(name) {
+    const label = tf("agentTyping", { name: name || t("agentFallback") });
+    if (!state.agentTyping) {
+      state.agentTyping = h("div", { class: "nw-row nw-row-assistant", "data-testid": "nw-agent-typing" }, [
+        h("div", { class: "nw-msg nw-msg-agent nw-agent-typing", role: "status" }, [
+          h("span", { class: "nw-agent-typing-label" }), h("span", { class: "nw-typing nw-typing-inline", "aria-hidden": "true" },
+            [h("span"), h("span"), h("span")]),
+        ]),
+      ]);
+    }
+    state.agentTyping.querySelector(".nw-agent-typing-label").textContent = label;
+    append(state.agentTyping);                     // (re)placed at the end of the log
+    clearTimeout(state.typingTimer);
+    state.typingTimer = setTimeout(dropAgentTyping, 15000);
+  }
+
+  function dropAgentTyping() {
+    clearTimeout(state.typingTimer);
+    if (state.agentTyping) state.agentTyping.remove();
+    state.agentTyping = null;
+  }
+
+  /** The end-of-conversation rating: 1-5 stars and an optional comment. */
+  function showCsat() {
+    let rating = 0;
+    const stars = [1, 2, 3, 4, 5].map((n) => h("button", {
+      type: "button", class: "nw-star", "data-testid": "nw-csat-" + n, "aria-pressed": "false", text: "★",
+      "aria-label": tf(n === 1 ? "csatStar" : "csatStars", { n: n }), title: tf(n === 1 ? "csatStar" : "csatStars", { n: n }),
+      onclick: () => pick(n),
+    }));
+    const comment = h("textarea", {
+      class: "nw-csat-comment", "data-testid": "nw-csat-comment", rows: "2", maxlength: "1000",
+      "aria-label": t("csatComment"), placeholder: t("csatComment"),
+    });
+    const submitBtn = h("button", { type: "submit", class: "nw-csat-submit", "data-testid": "nw-csat-submit", text: t("csatSubmit") });
+    const status = h("div", { class: "nw-csat-status", role: "status" });
+    const question = h("div", { class: "nw-csat-q", id: "nw-csat-q", text: t("csatQuestion") });
+    const form = h("form", { class: "nw-csat", "data-testid": "nw-csat", "aria-labelledby": "nw-csat-q", onsubmit: (e) => { e.preventDefault(); rate(); } }, [
+      question, h("div", { class: "nw-stars", role: "group", "aria-labelledby": "nw-csat-q" }, stars), comment, submitBtn, status,
+    ]);
+    function pick(n) {
+      rating = n;
+      stars.forEach((b, i) => {
+        b.setAttribute("aria-pressed", String(i + 1 === n));
+        b.classList.toggle("nw-star-on", i < n);
+      });
+      status.textContent = "";
+    }
+    async function rate() {
+      if (!rating) { status.textContent = t("csatPick"); return; }
+      submitBtn.disabled = true;
+      status.textContent = "";
+      try {
+        await api("POST", sessionPath("/csat"), { rating: rating, comment: comment.value.trim() });
+        form.replaceWith(h("div", { class: "nw-notice", role: "status", "data-testid": "nw-csat-thanks", text: t("csatThanks") }));
+      } catch (e) {
+        submitBtn.disabled = false;
+        status.textContent = t("csatFailed");
+      }
+    }
+    append(form);
+  }
+
   function errorMessage(e) {
     if (e.kind === "network") return t("network");
     if (e.kind === "interrupted") return t("interrupted");
@@ -574,10 +714,149 @@
   function setHandoff() {
     if (state.handoff) return;
     state.handoff = true;
-    handoffBtn.disabled = true;
-    handoffBtn.textContent = t("handoffRequested");
-    handoffBtn.setAttribute("aria-label", t("handoffRequested"));
+    markHandoffButton(true);
     addNotice(t("handoffNotice"), "handoff");
+  }
+
+  function markHandoffButton(requested) {
+    handoffBtn.disabled = requested;
+    handoffBtn.textContent = t(requested ? "handoffRequested" : "handoff");
+    handoffBtn.setAttribute("aria-label", t(requested ? "handoffRequested" : "handoff"));
+  }
+
+  /* ------------------------------------------------------------------ human handoff */
+
+  const withHuman = () => state.status === "pending_human" || state.status === "human";
+
+  /**
+   * The conversation's status changed (a reply, a live event, a refetch): s is
+   * {status, assignee, queue_position, waiting}. Idempotent, so repeated events change nothing.
+   */
+  function applyStatus(s) {
+    const prev = state.status, status = s && s.status;
+    if (!status) return;
+    state.status = status;
+    if (status === "pending_human") {
+      setHandoff();
+      showWaiting(Object.assign({ queue_position: s.queue_position }, s.waiting || {}));
+      openEvents();
+    } else if (status === "human") {
+      state.handoff = true;
+      markHandoffButton(true);
+      waitBar.hidden = true;
+      const name = agentName(s.assignee);
+      if (s.assignee && name !== state.joined) {
+        state.joined = name;
+        addNotice(tf("agentJoined", { name: name }), "agent");
+      }
+      openEvents();
+    } else {                                                // open (back to the bot) or resolved
+      closeEvents();
+      dropAgentTyping();
+      waitBar.hidden = true;
+      state.handoff = false;
+      state.joined = "";
+      state.waiting = {};
+      markHandoffButton(false);
+      if (status === "resolved" && prev !== "resolved") { addNotice(t("resolvedNotice"), "handoff"); showCsat(); }
+      if (status === "open" && (prev === "pending_human" || prev === "human")) addNotice(t("backToBot"), "handoff");
+    }
+  }
+
+  /** "Waiting for an agent — you are number N in the queue", and the offers once they are made. */
+  function showWaiting(w) {
+    Object.keys(w).forEach((k) => { if (w[k] != null) state.waiting[k] = w[k]; });
+    const n = state.waiting.queue_position;
+    waitText.textContent = typeof n === "number" && n > 0 ? tf("waitingQueue", { n: n }) : t("waiting");
+    emailBtn.hidden = !state.waiting.offer_email || state.contactLeft || !emailForm.hidden;
+    botBtn.hidden = !state.waiting.offer_bot;
+    waitBar.hidden = false;
+  }
+
+  function msgIndex(m, i) {
+    if (m && typeof m.index === "number") return m.index;
+    if (m && typeof m.message_index === "number") return m.message_index;
+    return i;
+  }
+
+  /** Live agent events: message / typing / status. EventSource reconnects with Last-Event-ID. */
+  function openEvents() {
+    if (state.events || !state.sessionId || typeof EventSource === "undefined") return;
+    clearTimeout(state.eventsRetry);
+    const es = state.events = new EventSource(apiBase + sessionPath("/events") + "?site_key=" + encodeURIComponent(siteKey));
+    const data = (e) => { try { return JSON.parse(e.data); } catch (err) { return null; } };
+    es.addEventListener("open", () => { state.eventsBackoff = 2000; resync(); });
+    es.addEventListener("error", () => {
+      if (es.readyState !== EventSource.CLOSED) return;     // the browser is retrying by itself
+      state.events = null;
+      if (!withHuman()) return;
+      state.eventsRetry = setTimeout(openEvents, state.eventsBackoff);
+      state.eventsBackoff = Math.min(state.eventsBackoff * 2, 30000);
+    });
+    es.addEventListener("message", (e) => {
+      const m = data(e);
+      if (!m || typeof m.index !== "number" || state.seen[m.index]) return;
+      state.seen[m.index] = true;
+      if (m.role === "agent") addAgentMessage(m);
+      else if (m.role === "system" && m.content) addNotice(String(m.content));
+    });
+    es.addEventListener("typing", (e) => {
+      const d = data(e);
+      if (d && d.typing) showAgentTyping(d.name); else dropAgentTyping();
+    });
+    es.addEventListener("status", (e) => { const d = data(e); if (d) applyStatus(d); });
+  }
+
+  function closeEvents() {
+    clearTimeout(state.eventsRetry);
+    if (state.events) state.events.close();
+    state.events = null;
+  }
+
+  /** After a (re)connect: show what the stream may have missed, once each (by message index). */
+  async function resync() {
+    let data;
+    try { data = await api("GET", sessionPath("")); } catch (e) { return; }
+    let author = null;
+    (data.messages || []).forEach((m, i) => {
+      const index = msgIndex(m, i);
+      if (m && m.role === "agent") author = m.author || author;
+      if (state.seen[index]) return;
+      state.seen[index] = true;
+      if (m && m.role === "agent") addAgentMessage(m);
+    });
+    if (data.status && data.status !== state.status) {
+      applyStatus({ status: data.status, assignee: data.assignee || author, queue_position: data.queue_position, waiting: data.waiting });
+    }
+  }
+
+  async function cancelHandoff() {
+    botBtn.disabled = true;
+    try {
+      const d = await api("POST", sessionPath("/handoff/cancel"));
+      applyStatus({ status: d.status || "open" });
+    } catch (e) {
+      addNotice(t("cancelFailed"), "error");
+    } finally {
+      botBtn.disabled = false;
+    }
+  }
+
+  async function leaveEmail() {
+    const email = emailInput.value.trim();
+    if (!/^[^\s@]+@[^\s@]+\.[^\s@]+$/.test(email)) { emailStatus.textContent = t("emailInvalid"); emailInput.focus(); return; }
+    emailInput.disabled = true;
+    try {
+      await api("POST", sessionPath("/contact"), { email: email });
+      state.contactLeft = true;
+      emailForm.hidden = true;
+      emailBtn.hidden = true;
+      emailStatus.textContent = tf("emailThanks", { email: email });
+    } catch (e) {
+      emailStatus.textContent = t("emailFailed");
+    } finally {
+      emailInput.disabled = false;
+    }
   }
 
   /* ------------------------------------------------------------------ actions */
@@ -602,7 +881,7 @@
     state.lastUserText = text;
     if (!isRetry) addUserMessage(text);
     setBusy(true);
-    let typing = typingIndicator();
+    let typing = withHuman() ? null : typingIndicator();   // an agent answers in their own time
     let view = null, streamed = "";
     const dropTyping = () => { if (typing) typing.remove(); typing = null; };
     try {
@@ -619,11 +898,18 @@
           },
           done(d) {
             dropTyping();
+            if (d.reply == null && d.status) {              // a human has the conversation: no bot reply
+              if (typeof d.message_index === "number") state.seen[d.message_index] = true;
+              applyStatus({ status: d.status, waiting: d.waiting,
+                            queue_position: d.waiting ? d.waiting.queue_position : undefined });
+              return;
+            }
+            if (typeof d.message_index === "number") state.seen[d.message_index] = true;
             if (!view) view = addAssistantMessage();
             // The final reply is authoritative (the server may have redacted streamed text).
             view.setText(typeof d.reply === "string" && d.reply ? d.reply : streamed);
             view.finish({ citations: d.citations, index: d.message_index, degraded: !!d.degraded });
-            if (d.handoff) setHandoff();
+            if (d.handoff) applyStatus({ status: d.status || "pending_human", waiting: d.waiting });
           },
         });
       });
@@ -641,8 +927,10 @@
     handoffBtn.disabled = true;
     try {
       await state.ready;
-      await withSession(() => api("POST", sessionPath("/handoff")));
+      const d = await withSession(() => api("POST", sessionPath("/handoff")));
       setHandoff();
+      applyStatus({ status: d.status || "pending_human", assignee: d.assignee, waiting: d.waiting,
+                    queue_position: d.queue_position });
     } catch (e) {
       handoffBtn.disabled = false;
       addNotice(t("handoffFailed"), "error");
@@ -659,23 +947,40 @@
       if (e.status === 404) forgetSession();
       return; // other failures: keep the id, the next send will still try it
     }
+    let author = null;
     (data.messages || []).forEach((m, i) => {
       if (!m) return;
+      const index = msgIndex(m, i);
+      state.seen[index] = true;
       if (m.role === "user") { addUserMessage(String(m.content || "")); return; }
+      if (m.role === "agent") { author = m.author || author; addAgentMessage(m); return; }
       const view = addAssistantMessage(m.role);
       view.setText(String(m.content || ""));
-      const index = typeof m.message_index === "number" ? m.message_index : i;
       view.finish({ citations: m.citations, index: m.role === "assistant" ? index : null, degraded: !!m.degraded });
     });
-    if (data.status === "pending_human") setHandoff();
+    if (data.status === "pending_human" || data.status === "human") {
+      if (data.status === "human") state.joined = agentName(data.assignee || author);   // joined before the reload
+      applyStatus({ status: data.status, assignee: data.assignee || author, waiting: data.waiting,
+                    queue_position: data.queue_position });
+    } else if (data.status) {
+      state.status = data.status;
+    }
   }
 
   function reset() { // host-page API: forget the conversation and start afresh on the next send
+    closeEvents();
+    dropAgentTyping();
     forgetSession();
     state.handoff = false;
-    handoffBtn.disabled = false;
-    handoffBtn.textContent = t("handoff");
-    handoffBtn.setAttribute("aria-label", t("handoff"));
+    state.status = "open";
+    state.seen = {};
+    state.joined = "";
+    state.waiting = {};
+    state.contactLeft = false;
+    waitBar.hidden = true;
+    emailForm.hidden = true;
+    emailStatus.textContent = "";
+    markHandoffButton(false);
     state.failed = [];
     setChildren(log, h("div", { class: "nw-greeting", text: t("greeting") }));
   }
