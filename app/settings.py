@@ -20,7 +20,6 @@ class WebSettings(BaseSettings):
 
     # stores: sessions, Celery broker, rate-limit counters; in-process stores without REDIS_URL
     redis_url: str | None = None
-    session_ttl: int = Field(7 * 24 * 3600, gt=0)
     celery_broker_url: str | None = None                  # default: REDIS_URL
     # the broker redelivers an unacknowledged task after this long: above the longest task
     celery_visibility_timeout_s: int = Field(7200, gt=0)
@@ -66,7 +65,7 @@ class WebSettings(BaseSettings):
     def flask_config(self) -> dict:
         """The Flask config keys `create_app` and the views read."""
         return {
-            "REDIS_URL": self.redis_url, "SESSION_TTL": self.session_ttl,
+            "REDIS_URL": self.redis_url,
             "DATABASE_URL": self.database_url, "DB_AUTO_MIGRATE": self.db_auto_migrate,
             "CONVERSATION_RETENTION_DAYS": self.conversation_retention_days, "HANDOFF_WAIT_S": self.handoff_wait_s,
             "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,
