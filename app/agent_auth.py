@@ -50,6 +50,7 @@ from limits.strategies import MovingWindowRateLimiter
 from wtforms import ValidationError
 
 from app.agent_schemas import CSRF_HEADER, AgentLoginIn, AgentSessionOut, CsrfHeader
+from app.agent_sessions import AgentSessions
 from app.agents import AgentAccounts, AgentInfo, normalize_email
 from app.errors import PlainError, error_response, render, validate_body
 from app.schemas import Error, Ok, error_responses
@@ -75,11 +76,15 @@ AUTH_SCHEME = {"agentSession": {
 
 
 class AgentUser(UserMixin):
-    """Flask-Login's user: one agent, loaded by id on each request."""
+    """Flask-Login's user: one agent, loaded through its server-side session on each request
+    (the cookie holds the session's token, not the agent's id: app/agent_sessions.py)."""
 
-    def __init__(self, info: AgentInfo):
-        self.info = info
+    def __init__(self, info: AgentInfo, token: str):
+        self.info, self.token = info, token
         self.id = info.id
+
+    def get_id(self) -> str:
+        return self.token
 
     @property
     def is_active(self) -> bool:
@@ -146,15 +151,17 @@ def init_agent_auth(app: Flask) -> LoginManager:
     app.session_interface = AgentSessionInterface()
     accounts = AgentAccounts(app.extensions["db"])
     app.extensions["agent_accounts"] = accounts
+    sessions = AgentSessions(app.extensions["db"], SESSION_LIFETIME)
+    app.extensions["agent_sessions"] = sessions
     # login attempts still count when the shared limiter storage (Redis) is down
     app.extensions["agent_login_fallback"] = MovingWindowRateLimiter(MemoryStorage())
     manager = LoginManager()
     manager.init_app(app)
 
     @manager.user_loader
-    def _load(agent_id: str) -> AgentUser | None:
-        info = accounts.get(int(agent_id)) if agent_id.isdigit() else None
-        return AgentUser(info) if info is not None and info.active else None
+    def _load(token: str) -> AgentUser | None:
+        info = sessions.agent(token) if isinstance(token, str) and 0 < len(token) <= 128 else None
+        return AgentUser(info, token) if info is not None else None
 
     @manager.unauthorized_handler
     def _unauthorized():
@@ -254,7 +261,7 @@ def login():
         raise PlainError(401, BAD_CREDENTIALS)
     session.clear()                   # nothing of an earlier session (or its CSRF token) carries over
     g.pop("csrf_token", None)
-    login_user(AgentUser(info))
+    login_user(AgentUser(info, current_app.extensions["agent_sessions"].open(info.id)))
     session.permanent = True          # expires after SESSION_LIFETIME, not when the browser closes
     return jsonify(_session_body(info))
 
@@ -267,6 +274,9 @@ def logout():
     denied = _csrf_denied()
     if denied is not None:
         return denied
+    token = session.get("_user_id")
+    if isinstance(token, str) and token:
+        current_app.extensions["agent_sessions"].revoke(token)     # a copy of the cookie stops working too
     logout_user()
     session.clear()
     return jsonify({"ok": True})

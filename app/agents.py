@@ -54,7 +54,7 @@ def is_email(email: str) -> bool:
     return len(email) <= MAX_EMAIL_CHARS and _EMAIL.match(email) is not None
 
 
-def _info(agent: Agent) -> AgentInfo:
+def agent_info(agent: Agent) -> AgentInfo:
     return AgentInfo(agent.id, agent.tenant_id, agent.email, agent.name, agent.active)
 
 
@@ -103,7 +103,7 @@ class AgentAccounts:
                 s.flush()
                 s.add(AuditEvent(tenant_id=tenant_id, agent_id=agent.id, action="agent_added",
                                  detail={"email": email, "name": name}))
-                return _info(agent)
+                return agent_info(agent)
         except IntegrityError:                      # another process added it since the check
             raise ValueError(duplicate) from None
 
@@ -113,12 +113,12 @@ class AgentAccounts:
         if tenant_id is not None:
             query = query.where(Agent.tenant_id == tenant_id)
         with self.db.session() as s:
-            return [_info(a) for a in s.scalars(query)]
+            return [agent_info(a) for a in s.scalars(query)]
 
     def get(self, agent_id: int) -> AgentInfo | None:
         with self.db.session() as s:
             agent = s.get(Agent, agent_id)
-            return _info(agent) if agent is not None else None
+            return agent_info(agent) if agent is not None else None
 
     def disable(self, email: str) -> AgentInfo:
         """Deactivate an agent: it cannot log in, and its open sessions stop working on their next
@@ -132,7 +132,7 @@ class AgentAccounts:
                 agent.active = False
                 s.add(AuditEvent(tenant_id=agent.tenant_id, agent_id=agent.id, action="agent_disabled",
                                  detail={"email": email}))
-            return _info(agent)
+            return agent_info(agent)
 
     def authenticate(self, email: str, password: str) -> AgentInfo | None:
         """The agent these credentials belong to, or None (unknown email, disabled agent, wrong
@@ -156,7 +156,7 @@ class AgentAccounts:
                 return None
             agent.last_login_at = utcnow()
             s.add(AuditEvent(tenant_id=agent.tenant_id, agent_id=agent.id, action="login", detail={}))
-            return _info(agent)
+            return agent_info(agent)
 
     def ensure_demo_agent(self, tenant_id: str = DEMO_TENANT, email: str = DEMO_EMAIL) -> str | None:
         """First start of the shipped demo: give its tenant one agent, so the console can be tried.

@@ -2,6 +2,7 @@
 app/migrations/ create and change them; `python -m app db upgrade` applies them.
 
     agents        a tenant's support agents (email, scrypt password hash, active flag)
+    agent_sessions  each sign-in (only the token's hash); logout revokes it on the server
     conversations one customer chat: status open | pending_human | human | resolved, the
                   handoff summary, the assignee, when it changed
     messages      its turns in order: role user | assistant | agent | system, redacted text,
@@ -68,6 +69,15 @@ class Agent(Base):
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_login_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AgentSession(Base):
+    __tablename__ = "agent_sessions"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)       # sha256 of the cookie's token
+    agent_id: Mapped[int] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, index=True)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Conversation(Base):

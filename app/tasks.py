@@ -116,10 +116,12 @@ RETENTION_SCHEDULE_S = 24 * 3600
 @shared_task(ignore_result=True, acks_late=True)
 def delete_old_conversations() -> int:
     """Delete conversations older than CONVERSATION_RETENTION_DAYS (messages, handoffs and
-    feedback with them)."""
+    feedback with them), and agent sessions that ended more than a day ago."""
     days = current_app.config["CONVERSATION_RETENTION_DAYS"]
     deleted = current_app.extensions["support_chat"]["store"].delete_older_than(days)
-    current_app.logger.info("retention: deleted %d conversations older than %d days", deleted, days)
+    sessions = current_app.extensions["agent_sessions"].delete_ended()
+    current_app.logger.info("retention: deleted %d conversations older than %d days, %d ended agent sessions",
+                            deleted, days, sessions)
     return deleted
 
 

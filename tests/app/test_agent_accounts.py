@@ -162,8 +162,8 @@ def test_cli_migrates_the_database(tmp_path):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     assert cli("db", "current", url=url).stdout.strip().endswith("revision none")
     up = cli("db", "upgrade", url=url)
-    assert up.returncode == 0 and up.stdout.strip().endswith("revision 0001"), up.stderr
-    assert cli("db", "current", url=url).stdout.strip().endswith("revision 0001")
+    assert up.returncode == 0 and up.stdout.strip().endswith("revision 0002"), up.stderr
+    assert cli("db", "current", url=url).stdout.strip().endswith("revision 0002")
     down = cli("db", "downgrade", "base", url=url)
     assert down.returncode == 0 and down.stdout.strip().endswith("revision none"), down.stderr
     bad = cli("db", "downgrade", "zzz", url=url)

@@ -134,6 +134,18 @@ def test_bad_requests_change_nothing(app):
     assert [m["role"] for m in messages].count("agent") == 0
 
 
+def test_logout_ends_the_session_on_the_server(app):
+    """A copy of the session cookie (another tab, or a stolen one) stops working at logout."""
+    dana = agent(app, "dana@northwind.test")
+    copy = app.test_client()
+    cookie = dana.get_cookie("session")
+    copy.set_cookie("session", cookie.value)
+    assert copy.get("/api/agent/session").status_code == 200
+    assert dana.post("/api/agent/logout", headers=dana.csrf).status_code == 200
+    assert copy.get("/api/agent/session").status_code == 401
+    assert copy.get("/api/agent/conversations").status_code == 401
+
+
 def test_two_agents_claim_at_once_exactly_one_wins(app):
     sid = handed_off(app)
     agents = [agent(app, e) for e in ("dana@northwind.test", "lee@northwind.test")]

@@ -191,8 +191,12 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db = Database(url)
         assert db.current() is None
         db.upgrade()
-        assert db.current() == "0001"
-        assert {"agents", "conversations", "messages", "handoffs", "feedback", "audit_events"} <= set(db.table_names())
+        assert db.current() == "0002"
+        assert {"agents", "agent_sessions", "conversations", "messages", "handoffs", "feedback",
+                "audit_events"} <= set(db.table_names())
+        db.downgrade("0001")                              # one step back: the sessions table goes
+        assert db.current() == "0001" and "agent_sessions" not in db.table_names()
+        db.upgrade()
         db.upgrade()                                      # again: nothing to do
         db.downgrade("base")
         assert db.current() is None and set(db.table_names()) <= {"alembic_version"}

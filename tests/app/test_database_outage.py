@@ -33,4 +33,4 @@ def test_the_database_coming_back_is_migrated_and_served(tiny_client, tmp_path):
     assert created.status_code == 201
     sid = created.get_json()["session_id"]
     assert web.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": "hi"}).status_code == 200
-    assert app.extensions["db"].current() == "0001"
+    assert app.extensions["db"].current() == "0002"
