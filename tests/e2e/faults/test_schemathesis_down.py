@@ -29,7 +29,7 @@ def down_app(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     (repo / "util.py").write_text("def add(a, b):\n    return a + b\n")
     app = create_app({"KB_CACHE_DIR": str(tmp_path_factory.mktemp("kb")), "REDIS_URL": None, "CHAT_MAX_TOKENS": 4,
-                      "CHAT_BUILD_WAIT_S": 1.0, "COMPLETION_REPO_ROOTS": [str(repo)],
+                      "CHAT_BUILD_WAIT_S": 1.0, "SSE_MAX_S": 0.05, "COMPLETION_REPO_ROOTS": [str(repo)],
                       "CODE_INDEX_DIR": str(tmp_path_factory.mktemp("idx"))})
     services = app.extensions["support_chat"]["services"]
     services.start()
