@@ -139,6 +139,7 @@ class ClaimOut(BaseModel):
     id: str
     status: Literal["human"]
     assignee: Assignee
+    changed: bool = Field(description="false when this agent already held the conversation (a no-op)")
 
 
 class ResolveOut(BaseModel):
@@ -188,6 +189,8 @@ class ReportQuery(_AgentIn):
     def _range(self):
         self.end = self.end or dt.datetime.now(dt.UTC).date()
         self.start = self.start or self.end - dt.timedelta(days=6)
+        if self.end >= dt.date.max:
+            raise InvalidRequest(f"to: must be before {dt.date.max.isoformat()}")
         if self.start > self.end:
             raise InvalidRequest("from: must not be after to")
         if (self.end - self.start).days > 366:

@@ -41,12 +41,12 @@ from app.schemas import (
     ChatTurnOut,
     Error,
     FeedbackIn,
+    HandoffOut,
     MessageIn,
     Ok,
     SessionCreated,
     SessionPath,
     SessionView,
-    Status,
     error_responses,
 )
 from httpkit.openapi import documented
@@ -130,9 +130,10 @@ def get_session(sid: str):
     _session(sid)
     item = store.list_item(tid, sid) or {}
     # (the handoff summary is for the agent, not for the customer's widget)
-    assignee = item.get("assignee")
-    return jsonify({"messages": store.messages(tid, sid), "status": item.get("status", "open"),
-                    "assignee": {"name": assignee["name"]} if assignee else None})
+    assignee, status = item.get("assignee"), item.get("status", "open")
+    return jsonify({"messages": store.messages(tid, sid), "status": status,
+                    "assignee": {"name": assignee["name"]} if assignee else None,
+                    "waiting": _waiting(tid, sid, status)})
 
 
 @bp.post("/sessions/<sid>/messages")
@@ -151,7 +152,7 @@ def post_message(sid: str):
         return _to_human(tid, sid, status, services.clean(body.content.strip()))
     if status == "resolved" and _ext()["handoffs"].reopen(tid, sid):
         handoff_events.status_changed(tid, sid, "open", None)
-    slot = _TurnSlot(_ext()["turn_slots"])
+    slot = TurnSlot(_ext()["turn_slots"])
     try:
         resp = _turn(sid, tid, store, services, body.content, body.stream, slot)
     except BaseException:
@@ -168,14 +169,29 @@ def _to_human(tid: str, sid: str, status: str, clean: str) -> Response:
     message = store.messages(tid, sid)[index] if index >= 0 else None
     if message is not None:
         handoff_events.customer_message(tid, sid, message)
+    return jsonify({"reply": None, "status": status, "message_index": index, "waiting": _waiting(tid, sid, status)})
+
+
+def _waiting(tid: str, sid: str, status: str | None) -> dict | None:
+    """Queue place and time waited while pending_human, with the offers made after HANDOFF_WAIT_S."""
     waiting = _ext()["handoffs"].waiting(tid, sid) if status == "pending_human" else None
     if waiting is not None:
         late = waiting["waited_s"] >= current_app.config["HANDOFF_WAIT_S"]
         waiting.update(offer_email=late, offer_bot=late)
-    return jsonify({"reply": None, "status": status, "message_index": index, "waiting": waiting})
+    return waiting
 
 
-class _TurnSlot:
+def _silenced(tid: str, sid: str, index: int) -> dict:
+    """The bot's reply dropped: the customer's message went to the agents instead."""
+    store = _ext()["store"]
+    messages = store.messages(tid, sid)
+    if 0 <= index < len(messages):
+        handoff_events.customer_message(tid, sid, messages[index])
+    status = store.status(tid, sid) or "open"
+    return {"reply": None, "status": status, "message_index": index, "waiting": _waiting(tid, sid, status)}
+
+
+class TurnSlot:
     """One of CHAT_MAX_TURNS chat turns in flight, taken now or 503 + Retry-After: a turn holds a
     request thread while it generates, and past that many, new customers and every other call
     would queue behind them. Released once, however many paths release it."""
@@ -193,7 +209,7 @@ class _TurnSlot:
                 self._slots.release()
 
 
-def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot: _TurnSlot) -> Response:
+def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot: TurnSlot) -> Response:
     """One chat turn; the turn slot is released when the reply (or its stream) ends."""
     chat = services.chat
     clean, blocked = chat.clean_input(content.strip(), g.tenant.tenant)
@@ -212,10 +228,11 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
         metrics.turn(reply.intent, reply.degraded, reply.handoff, reply.blocked, reply.grounding)
         # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
         flag = {"blocked": True} if reply.blocked else {}
-        store.append(tid, sid, {"role": "user", "content": clean, **flag})
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
                   "degraded": reply.degraded, "grounding": reply.grounding, **flag}
-        index = store.append(tid, sid, record)
+        asked, index = store.append_turn(tid, sid, {"role": "user", "content": clean, **flag}, record)
+        if index is None:                     # a human took the conversation while the bot wrote
+            return _silenced(tid, sid, asked)
         if reply.handoff:
             _start_handoff(tid, sid)
         out = {k: v for k, v in asdict(reply).items() if k != "blocked"}
@@ -270,13 +287,14 @@ def feedback(sid: str):
 
 
 @bp.post("/sessions/<sid>/handoff")
-@documented(path=SessionPath, responses={200: Status, **_IN_SESSION}, tags=("chat",))
+@documented(path=SessionPath, responses={200: HandoffOut, **_IN_SESSION}, tags=("chat",))
 def handoff(sid: str):
-    """Ask for a human agent."""
+    """Ask for a human agent; the answer says where the conversation stands in the queue."""
     tid = g.tenant.tenant.tenant_id
     _session(sid)
     _start_handoff(tid, sid)
-    return jsonify({"status": _ext()["store"].status(tid, sid)})
+    status = _ext()["store"].status(tid, sid)
+    return jsonify({"status": status, "waiting": _waiting(tid, sid, status)})
 
 
 def _start_handoff(tid: str, sid: str) -> None:

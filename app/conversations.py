@@ -82,12 +82,21 @@ class ConversationStore:
             return [message_view(m) for m in rows]
 
     @staticmethod
-    def add_message(s: Session, tenant: str, sid: str, role: str, content: str, **fields) -> Message | None:
-        """Insert one message inside an open transaction `s`; None when the conversation is gone.
-        The counter update comes first, so on SQLite the transaction holds the write lock before
-        it reads anything, and on PostgreSQL the row lock orders concurrent writers."""
+    def add_message(s: Session, tenant: str, sid: str, role: str, content: str, *,
+                    statuses: tuple[str, ...] | None = None, assignee_id: int | None = None,
+                    **fields) -> Message | None:
+        """Insert one message inside an open transaction `s`; None when the conversation is gone,
+        or is not in one of `statuses` / not assigned to `assignee_id` where those are given.
+        The counter update comes first and carries those conditions, so the check and the write
+        are one statement: on SQLite the transaction holds the write lock before it reads
+        anything, and on PostgreSQL the row lock orders concurrent writers."""
         now = utcnow()
-        seq = s.scalar(update(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant)
+        where = [Conversation.id == sid, Conversation.tenant_id == tenant]
+        if statuses is not None:
+            where.append(Conversation.status.in_(statuses))
+        if assignee_id is not None:
+            where.append(Conversation.assignee_id == assignee_id)
+        seq = s.scalar(update(Conversation).where(*where)
                        .values(num_messages=Conversation.num_messages + 1, updated_at=now)
                        .returning(Conversation.num_messages))
         if seq is None:
@@ -100,11 +109,29 @@ class ConversationStore:
     def append(self, tenant: str, sid: str, message: dict) -> int:
         """Store one message dict (role, content, and for a bot reply citations, intent,
         grounding, degraded, blocked); returns its index, or -1 when the conversation is gone."""
-        extra = {k: message[k] for k in ("citations", "intent", "grounding", "degraded", "blocked") if k in message}
-        extra = {k: v for k, v in extra.items() if v is not None}
         with self.db.session() as s:
-            row = self.add_message(s, tenant, sid, message["role"], message["content"], **extra)
+            row = self.add_message(s, tenant, sid, message["role"], message["content"], **self._extra(message))
             return row.seq if row is not None else -1
+
+    def append_turn(self, tenant: str, sid: str, user: dict, reply: dict) -> tuple[int, int | None]:
+        """Store a bot turn, the customer's message and the bot's reply, in one transaction, the
+        reply only while the conversation is still with the bot (status open): an agent who
+        claimed it, or a handoff asked for, while the reply was generated keeps the customer's
+        message and silences the reply. Returns (user index, reply index or None); (-1, None)
+        when the conversation is gone."""
+        with self.db.session() as s:
+            row = self.add_message(s, tenant, sid, user["role"], user["content"], statuses=("open",),
+                                   **self._extra(user))
+            if row is None:
+                row = self.add_message(s, tenant, sid, user["role"], user["content"], **self._extra(user))
+                return (row.seq if row is not None else -1), None
+            answer = self.add_message(s, tenant, sid, reply["role"], reply["content"], **self._extra(reply))
+            return row.seq, answer.seq
+
+    @staticmethod
+    def _extra(message: dict) -> dict:
+        extra = {k: message.get(k) for k in ("citations", "intent", "grounding", "degraded", "blocked")}
+        return {k: v for k, v in extra.items() if v is not None}
 
     def set_summary(self, tenant: str, sid: str, summary: str) -> None:
         """The handoff summary (written by the Celery task); a deleted conversation stays deleted."""
@@ -121,6 +148,24 @@ class ConversationStore:
                            message_index=record.get("message_index"), rating=str(record["rating"]),
                            comment=record.get("comment", "")))
             return True
+
+    def add_csat(self, tenant: str, sid: str, rating: int, comment: str) -> str:
+        """The end-of-chat rating, once per resolution: "ok", "not_resolved" (the conversation is
+        not resolved now) or "rated" (this resolution already has a rating). The no-op UPDATE
+        takes the row's write lock first, so two ratings sent at once cannot both be stored."""
+        with self.db.session() as s:
+            locked = s.execute(update(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant,
+                                                          Conversation.status == "resolved")
+                               .values(status=Conversation.status))
+            if locked.rowcount != 1:
+                return "not_resolved"
+            resolved_at = s.scalar(select(Conversation.updated_at).where(Conversation.id == sid))
+            rated = s.scalar(select(func.count()).select_from(Feedback).where(
+                Feedback.conversation_id == sid, Feedback.kind == "csat", Feedback.created_at >= resolved_at))
+            if rated:
+                return "rated"
+            s.add(Feedback(conversation_id=sid, kind="csat", rating=str(rating), comment=comment))
+            return "ok"
 
     def feedback(self, tenant: str, sid: str) -> list[dict]:
         with self.db.session(readonly=True) as s:

@@ -99,7 +99,8 @@ class Handoffs:
         is a no-op; one claimed by another agent, or resolved, is a Conflict."""
         with self.db.session() as s:
             now = utcnow()
-            if _transition(s, tenant, sid, "human", ("pending_human", "open"), assignee_id=agent_id):
+            changed = _transition(s, tenant, sid, "human", ("pending_human", "open"), assignee_id=agent_id)
+            if changed:
                 handoff = _open_handoff(s, sid)
                 if handoff is None:                           # an agent took over an open chat
                     handoff = Handoff(conversation_id=sid, tenant_id=tenant, requested_at=now)
@@ -116,18 +117,20 @@ class Handoffs:
             s.flush()
             conv = self._current(s, tenant, sid)
             s.refresh(conv)
-            return {"id": sid, "status": conv.status, "assignee": {"id": agent_id, "name": conv.assignee.name}}
+            return {"id": sid, "status": conv.status, "assignee": {"id": agent_id, "name": conv.assignee.name},
+                    "changed": changed}
 
     def reply(self, tenant: str, sid: str, agent_id: int, content: str) -> tuple[dict, float | None]:
         """Store the agent's (already cleaned) message; only the assignee of a claimed
         conversation may write. Returns the message and, for the handoff's first reply, the
         seconds since the customer asked for a human."""
         with self.db.session() as s:
-            conv = self._current(s, tenant, sid)
-            if conv.status != "human" or conv.assignee_id != agent_id:
+            message = ConversationStore.add_message(s, tenant, sid, "agent", content, statuses=("human",),
+                                                    assignee_id=agent_id, agent_id=agent_id)
+            if message is None:
+                conv = self._current(s, tenant, sid)
                 raise Conflict("claim the conversation before replying" if conv.status != "resolved"
                                else "the conversation is resolved")
-            message = ConversationStore.add_message(s, tenant, sid, "agent", content, agent_id=agent_id)
             handoff, first_wait = _open_handoff(s, sid), None
             if handoff is not None and handoff.first_reply_at is None:
                 handoff.first_reply_at = message.created_at

@@ -103,13 +103,6 @@ class StoredMessage(BaseModel):
 CONVERSATION_STATUS = Literal["open", "pending_human", "human", "resolved"]
 
 
-class SessionView(BaseModel):
-    messages: list[StoredMessage]
-    status: CONVERSATION_STATUS = Field(description="open (the bot answers), pending_human (waiting for an "
-                                                    "agent), human (an agent answers), resolved")
-    assignee: Author | None = Field(None, description="the agent answering, while status is human")
-
-
 class Waiting(BaseModel):
     queue_position: int | None = Field(description="1: the next conversation an agent takes")
     waited_s: float
@@ -117,9 +110,18 @@ class Waiting(BaseModel):
     offer_bot: bool = Field(description="waited past HANDOFF_WAIT_S: offer to go back to the assistant")
 
 
+class SessionView(BaseModel):
+    messages: list[StoredMessage]
+    status: CONVERSATION_STATUS = Field(description="open (the bot answers), pending_human (waiting for an "
+                                                    "agent), human (an agent answers), resolved")
+    assignee: Author | None = Field(None, description="the agent answering, while status is human")
+    waiting: Waiting | None = Field(None, description="queue place and time waited, while pending_human")
+
+
 class HumanTurnOut(BaseModel):
-    reply: None = Field(description="the bot stays silent while a human is asked for or answering")
-    status: Literal["pending_human", "human"]
+    reply: None = Field(description="the bot stays silent while a human is asked for or answering (also when "
+                                    "an agent took the conversation while the reply was written)")
+    status: CONVERSATION_STATUS
     message_index: int
     waiting: Waiting | None = None
 
@@ -136,6 +138,11 @@ class ContactIn(_In):
 
 class StatusOut(BaseModel):
     status: CONVERSATION_STATUS
+
+
+class HandoffOut(BaseModel):
+    status: CONVERSATION_STATUS
+    waiting: Waiting | None = Field(None, description="queue place and time waited, while pending_human")
 
 
 class MessageIn(_In):
@@ -182,7 +189,7 @@ class StreamError(BaseModel):
     error: str = Field(description="the exception's type; the turn is not stored")
 
 
-CHAT_STREAM = Stream({"token": TokenEvent, "done": ChatReplyOut, "error": StreamError})
+CHAT_STREAM = Stream({"token": TokenEvent, "done": (ChatReplyOut, HumanTurnOut), "error": StreamError})
 
 
 class TypingEvent(BaseModel):

@@ -899,6 +899,7 @@
           done(d) {
             dropTyping();
             if (d.reply == null && d.status) {              // a human has the conversation: no bot reply
+              if (view) view.row.remove();                  // text streamed before an agent took over
               if (typeof d.message_index === "number") state.seen[d.message_index] = true;
               applyStatus({ status: d.status, waiting: d.waiting,
                             queue_position: d.waiting ? d.waiting.queue_position : undefined });

@@ -3,6 +3,7 @@ conversation database): a customer hands off, an agent claims, replies, resolves
 sees it and rates. Tenant isolation, conflicts and bad input each get a clear 4xx."""
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -46,7 +47,8 @@ def handed_off(app) -> str:
     sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
     assert customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY,
                          json={"content": "Where is my order NW-1234?"}).status_code == 200
-    assert customer.post(f"/api/chat/sessions/{sid}/handoff", headers=KEY).get_json() == {"status": "pending_human"}
+    handoff = customer.post(f"/api/chat/sessions/{sid}/handoff", headers=KEY).get_json()
+    assert handoff["status"] == "pending_human" and handoff["waiting"]["queue_position"] >= 1
     return sid
 
 
@@ -72,6 +74,7 @@ def test_a_handoff_from_request_to_rating(app):
     seen = customer.get(f"/api/chat/sessions/{sid}", headers=KEY).get_json()
     assert seen["status"] == "human" and seen["assignee"] == {"name": "Dana"}
     assert seen["messages"][-1]["role"] == "agent" and seen["messages"][-1]["author"] == {"name": "Dana"}
+    assert seen["waiting"] is None
     human = customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": "thanks!"}).get_json()
     assert human["reply"] is None and human["status"] == "human" and human["waiting"] is None
     assert lee.post(f"/api/agent/conversations/{sid}/messages", headers=lee.csrf,
@@ -82,6 +85,8 @@ def test_a_handoff_from_request_to_rating(app):
     assert dana.post(f"/api/agent/conversations/{sid}/claim", headers=dana.csrf).status_code == 409
     rated = customer.post(f"/api/chat/sessions/{sid}/csat", headers=KEY, json={"rating": 5, "comment": "fast!"})
     assert rated.status_code == 200
+    again = customer.post(f"/api/chat/sessions/{sid}/csat", headers=KEY, json={"rating": 1})
+    assert again.status_code == 409 and "already rated" in again.get_json()["error"]
     detail = dana.get(f"/api/agent/conversations/{sid}").get_json()
     assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "user", "agent", "user"]
     assert {"kind": "csat", "rating": "5", "comment": "fast!"}.items() <= detail["feedback"][-1].items()
@@ -125,6 +130,13 @@ def test_bad_requests_change_nothing(app):
     assert dana.get("/api/agent/conversations?before=%%%").status_code == 400
     assert dana.get("/api/agent/reports?from=2026-02-30").status_code == 400
     assert dana.get("/api/agent/reports?from=2026-12-09&to=2026-12-01").status_code == 400
+    far = dana.get("/api/agent/reports?from=9999-12-30&to=9999-12-31")
+    assert far.status_code == 400 and "to:" in far.get_json()["error"]
+    assert dana.get("/api/agent/reports?from=9999-12-01&to=9999-12-30").status_code == 200
+    naive = base64.urlsafe_b64encode(b"2026-12-01T10:00:00|AAAAAAAAAAAAAAAAAAAAAA").decode()
+    assert dana.get(f"/api/agent/conversations?before={naive}").status_code == 200
+    huge_year = base64.urlsafe_b64encode(b"9999-12-31T23:59:59-23:00|AAAAAAAAAAAAAAAAAAAAAA").decode()
+    assert dana.get(f"/api/agent/conversations?before={huge_year}").status_code == 400
     assert dana.get("/api/agent/conversations/not-an-id").status_code == 404
     assert dana.post("/api/agent/conversations/AAAAAAAAAAAAAAAAAAAAAA/claim", headers=dana.csrf).status_code == 404
     customer = app.test_client()
@@ -205,3 +217,53 @@ def test_live_events_reach_the_customer_and_the_agents(app):
     assert ("handoff", sid) in kinds and ("status", sid) in kinds
     stop.set()
     assert app.test_client().get(f"/api/chat/sessions/{sid}/events").status_code == 401        # no site key
+
+
+def test_an_agent_who_claims_while_the_bot_writes_silences_the_reply(app, monkeypatch):
+    """The claim lands between the bot's generation and the storing of its turn: the customer's
+    message is kept for the agent, the bot's reply is dropped, and the answer says who has it."""
+    customer, dana = app.test_client(), agent(app, "dana@northwind.test")
+    chat = app.extensions["support_chat"]["services"].chat
+    original, claim_in = type(chat).respond, []
+
+    def respond_then_claimed(self, *args, **kwargs):
+        for kind, value in original(self, *args, **kwargs):
+            if kind == "done":
+                assert dana.post(f"/api/agent/conversations/{claim_in[-1]}/claim", headers=dana.csrf).status_code == 200
+            yield kind, value
+    monkeypatch.setattr(type(chat), "respond", respond_then_claimed)
+    for stream in (False, True):
+        sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+        claim_in.append(sid)
+        resp = customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY,
+                             json={"content": "Do you ship to Canada?", "stream": stream})
+        done = json.loads(resp.get_data(as_text=True).split("event: done\ndata: ")[1].split("\n")[0]) \
+            if stream else resp.get_json()
+        assert done["reply"] is None and done["status"] == "human" and done["message_index"] == 0, done
+        messages = dana.get(f"/api/agent/conversations/{sid}").get_json()["messages"]
+        assert [(m["role"], m["content"]) for m in messages] == [("user", "Do you ship to Canada?")]
+    again = dana.post(f"/api/agent/conversations/{sid}/claim", headers=dana.csrf).get_json()
+    assert again["changed"] is False and again["status"] == "human"
+
+
+def test_a_draft_waits_for_a_turn_slot_and_names_a_missing_tenant(app):
+    sid = handed_off(app)
+    dana = agent(app, "dana@northwind.test")
+    slots = app.extensions["support_chat"]["turn_slots"]
+    taken = 0
+    while slots.acquire(blocking=False):
+        taken += 1
+    try:
+        busy = dana.get(f"/api/agent/conversations/{sid}/suggestion")
+        assert busy.status_code == 503 and busy.headers["Retry-After"]
+    finally:
+        for _ in range(taken):
+            slots.release()
+    assert dana.get(f"/api/agent/conversations/{sid}/suggestion").status_code == 200
+    AgentAccounts(app.extensions["db"]).add("gone", "gil@gone.test", PASSWORD, name="Gil")
+    gil = agent(app, "gil@gone.test")
+    store = app.extensions["support_chat"]["store"]
+    gone = store.create("gone")
+    store.append("gone", gone, {"role": "user", "content": "hello"})
+    missing = gil.get(f"/api/agent/conversations/{gone}/suggestion")
+    assert missing.status_code == 404 and "gone" in missing.get_json()["error"]
