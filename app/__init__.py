@@ -63,8 +63,8 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     settings = settings or WebSettings()
     app.extensions["settings"] = settings
     # SSE_MAX_S: a live-event stream ends after this long and the client reconnects with
-    # Last-Event-ID (so a stream never outlives a graceful shutdown's drain); SSE_MAX_STREAMS: per process
-    app.config.update(MAX_MESSAGE_CHARS=4000, SSE_MAX_S=25.0, SSE_MAX_STREAMS=256, MAX_CONTENT_LENGTH=4 << 20,
+    # Last-Event-ID (so a stream never outlives a graceful shutdown's drain)
+    app.config.update(MAX_MESSAGE_CHARS=4000, SSE_MAX_S=25.0, MAX_CONTENT_LENGTH=4 << 20,
                       CHAT_MAX_BODY_BYTES=64 * 1024,
                       ENGINE_ARGS={}, **settings.flask_config())
     app.config.update(config or {})

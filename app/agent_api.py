@@ -37,6 +37,7 @@ from app.agent_schemas import (
     SuggestionOut,
     TypingIn,
 )
+from app.chat import TurnSlot
 from app.errors import PlainError, render, validate_body
 from app.handoffs import Conflict, NotFound
 from app.live_events import sse_response, tenant_channel
@@ -84,8 +85,10 @@ def _parse_cursor(text: str | None) -> tuple[dt.datetime, str] | None:
         return None
     try:
         at, cid = base64.urlsafe_b64decode(text.encode()).decode().split("|", 1)
-        return dt.datetime.fromisoformat(at), cid
-    except (ValueError, UnicodeDecodeError):
+        at = dt.datetime.fromisoformat(at)
+        # the API's cursors are UTC; one without a zone is read as UTC, not compared naive
+        return (at.astimezone(dt.UTC) if at.tzinfo else at.replace(tzinfo=dt.UTC)), cid
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise PlainError(400, "before: not a cursor this API returned") from None
 
 
@@ -114,8 +117,9 @@ def claim(cid: str):
     """Take the conversation over: the bot stops answering; a second agent gets 409."""
     agent = current_agent()
     claimed = _ext()["handoffs"].claim(agent.tenant_id, _conversation_id(cid), agent.id)
-    current_app.extensions["web_metrics"].handoffs.labels("claimed").inc()
-    handoff_events.status_changed(agent.tenant_id, cid, "human", claimed["assignee"])
+    if claimed["changed"]:
+        current_app.extensions["web_metrics"].handoffs.labels("claimed").inc()
+        handoff_events.status_changed(agent.tenant_id, cid, "human", claimed["assignee"])
     return jsonify(claimed)
 
 
@@ -162,6 +166,7 @@ def resolve(cid: str):
 
 @bp.get("/conversations/<cid>/suggestion")
 @documented(path=ConversationPath, responses={200: SuggestionOut, **_ONE}, tags=("agent",))
+# (503 + Retry-After, in _ERRORS, when CHAT_MAX_TURNS turns are already generating)
 def suggestion(cid: str):
     """A draft answer to the customer's last message from the grounded-answer pipeline; the
     agent edits it before sending (nothing is stored or sent)."""
@@ -173,11 +178,16 @@ def suggestion(cid: str):
     if not asks:
         return jsonify({"suggestion": "", "citations": [], "grounding": None})
     tenant = _ext()["tenants"].by_id(agent.tenant_id)
-    draft = None
-    last = asks[-1]
-    for kind, value in _ext()["services"].chat.respond(tenant.tenant, messages[:last], messages[last]["content"]):
-        if kind == "done":
-            draft = value
+    if tenant is None:
+        raise PlainError(404, f"tenant {agent.tenant_id!r} has no chat configuration to draft from")
+    draft, last = None, asks[-1]
+    slot = TurnSlot(_ext()["turn_slots"])                # a draft runs the model like a chat turn
+    try:
+        for kind, value in _ext()["services"].chat.respond(tenant.tenant, messages[:last], messages[last]["content"]):
+            if kind == "done":
+                draft = value
+    finally:
+        slot.release()
     return jsonify({"suggestion": draft.reply if draft and not draft.handoff else "",
                     "citations": draft.citations if draft else [], "grounding": draft.grounding if draft else None})
 

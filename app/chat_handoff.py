@@ -64,14 +64,16 @@ def contact(sid: str):
 @documented(path=SessionPath, body=CsatIn, responses={200: Ok, **_IN_SESSION, **error_responses(Error, 409)},
             tags=("chat",))
 def csat(sid: str):
-    """Rate the conversation (1-5, with an optional comment) once it is resolved."""
+    """Rate the conversation (1-5, with an optional comment) once it is resolved; once per
+    resolution (a second rating is 409)."""
     tid = g.tenant.tenant.tenant_id
     store = _ext()["store"]
     _session(sid)
     body = validate_body(CsatIn, request.get_json(silent=True))
-    if store.status(tid, sid) != "resolved":
+    outcome = store.add_csat(tid, sid, body.rating, _ext()["services"].clean(body.comment))
+    if outcome == "not_resolved":
         raise PlainError(409, "the conversation can be rated once it is resolved")
-    store.add_feedback(tid, sid, {"kind": "csat", "rating": body.rating,
-                                  "comment": _ext()["services"].clean(body.comment)})
+    if outcome == "rated":
+        raise PlainError(409, "this conversation is already rated")
     current_app.extensions["web_metrics"].csat.labels(str(body.rating)).inc()
     return jsonify({"ok": True})

@@ -58,7 +58,10 @@ class WebSettings(BaseSettings):
     worker_metrics_port: int = Field(9808, ge=0)            # Celery worker metrics; 0: off
     web_bind: str = "0.0.0.0:8000"                          # gunicorn (app/gunicorn_conf.py)
     web_workers: int = Field(2, gt=0)
-    web_threads: int = Field(32, gt=0)
+    web_threads: int = Field(64, gt=0)
+    # live-event (SSE) streams held open per process; each holds a request thread, so keep it
+    # well under the threads (WEB_THREADS, or `serve --threads`); past it a stream gets 503
+    sse_max_streams: int = Field(32, gt=0)
     web_timeout_s: int = Field(180, gt=0)
     web_graceful_s: int = Field(30, ge=0)
 
@@ -75,6 +78,7 @@ class WebSettings(BaseSettings):
             "CHAT_TEMPERATURE": self.chat_temperature, "CHAT_MAX_TOKENS": self.chat_max_tokens,
             "CHAT_PROMPT_BUDGET": self.chat_prompt_budget, "CHAT_BUILD_WAIT_S": self.chat_build_wait_s,
             "CHAT_REBUILD_MAX_S": self.chat_rebuild_max_s, "CHAT_MAX_TURNS": self.chat_max_turns,
+            "SSE_MAX_STREAMS": self.sse_max_streams,
             "CELERY_BROKER_URL": self.celery_broker_url,
             "CELERY_VISIBILITY_TIMEOUT_S": self.celery_visibility_timeout_s,
             "COMPLETION_MODEL_NAME": self.model,
