@@ -164,12 +164,8 @@ def post_message(sid: str):
 
 def _to_human(tid: str, sid: str, status: str, clean: str) -> Response:
     """The customer writes while a human is asked for or answering: stored, sent to the agents."""
-    store = _ext()["store"]
-    index = store.append(tid, sid, {"role": "user", "content": clean})
-    message = store.messages(tid, sid)[index] if index >= 0 else None
-    if message is not None:
-        handoff_events.customer_message(tid, sid, message)
-    return jsonify({"reply": None, "status": status, "message_index": index, "waiting": _waiting(tid, sid, status)})
+    index = _ext()["store"].append(tid, sid, {"role": "user", "content": clean})
+    return jsonify(_sent_to_agents(tid, sid, index, status))
 
 
 def _waiting(tid: str, sid: str, status: str | None) -> dict | None:
@@ -181,13 +177,14 @@ def _waiting(tid: str, sid: str, status: str | None) -> dict | None:
     return waiting
 
 
-def _silenced(tid: str, sid: str, index: int) -> dict:
-    """The bot's reply dropped: the customer's message went to the agents instead."""
+def _sent_to_agents(tid: str, sid: str, index: int, status: str | None = None) -> dict:
+    """The stored customer message `index` pushed to the agents, and the bot-silent reply body
+    (status read now when not given: an agent took the chat while the bot wrote)."""
     store = _ext()["store"]
     messages = store.messages(tid, sid)
     if 0 <= index < len(messages):
         handoff_events.customer_message(tid, sid, messages[index])
-    status = store.status(tid, sid) or "open"
+    status = status or store.status(tid, sid) or "open"
     return {"reply": None, "status": status, "message_index": index, "waiting": _waiting(tid, sid, status)}
 
 
@@ -232,7 +229,7 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
                   "degraded": reply.degraded, "grounding": reply.grounding, **flag}
         asked, index = store.append_turn(tid, sid, {"role": "user", "content": clean, **flag}, record)
         if index is None:                     # a human took the conversation while the bot wrote
-            return _silenced(tid, sid, asked)
+            return _sent_to_agents(tid, sid, asked)
         if reply.handoff:
             _start_handoff(tid, sid)
         out = {k: v for k, v in asdict(reply).items() if k != "blocked"}
