@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from inference.models.invariant_attention import invariant_prefill_attention
+
 FP8_E4M3_MAX = 448.0
 INT8_SCALE_BYTES = 4                    # an fp32 scale at the end of every int8 (token, head) row
 
@@ -67,6 +69,7 @@ class AttentionMetadata:
     decode_context_len: int = 0                # longest decode context
     decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, max_blocks * block_size] bool;
                                                # None when every decode has decode_context_len tokens
+                                               # (always set on the CPU in bf16: batch-invariant decode)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -165,9 +168,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     if od is not None:
         out[:nd] = od
+    invariant = q.device.type == "cpu" and q.dtype == torch.bfloat16
     for chunk in meta.prefills:
         s, n, ctx = chunk.query_start, chunk.query_len, chunk.context_len
         table = chunk.block_table[None]
+        if invariant:                  # same bits per token however the prompt was chunked
+            kp = gather_blocks(k_cache, table, q.dtype)[0].transpose(0, 1)     # [Hkv, blocks * bs, D]
+            vp = gather_blocks(v_cache, table, q.dtype)[0].transpose(0, 1)
+            out[s:s + n] = invariant_prefill_attention(q[s:s + n], kp, vp, ctx, scale)
+            continue
         if chunk.causal_mask is not None and n <= SHORT_CHUNK:
             out[s:s + n] = _short_chunk_attention(q[s:s + n], k_cache, v_cache, table, ctx, chunk.causal_mask, scale)
             continue

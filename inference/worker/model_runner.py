@@ -20,6 +20,7 @@ from inference.models.attention import (
     PrefillChunk,
     bottom_right_causal_mask,
 )
+from inference.models.invariant_attention import padded_keys
 from inference.spec_decode.rejection import verify_greedy, verify_sampled
 from inference.worker.kv_sizing import kv_cache_dtype, kv_cache_shape
 from inference.worker.sampler import SamplerOutput, SamplingRow, resolve, sample
@@ -48,6 +49,10 @@ class ModelRunner(Runner):
         self.dtype = loaded.dtype
         self.device = next(self.model.parameters()).device
         self.block_size = cache.block_size
+        # Decodes on the CPU in bf16 attend over keys padded to a multiple of 16 under a mask, so a
+        # request's tokens do not depend on the batch it lands in (the flash kernel gives the same
+        # bits for a row then: tests/inference/models/test_invariant_attention.py).
+        self.invariant_decode = self.device.type == "cpu" and self.dtype == torch.bfloat16
         shape = kv_cache_shape(loaded, cache, num_blocks)
         # per layer: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim (+ 4 for int8)]
         cache_dtype = kv_cache_dtype(loaded, cache)
@@ -225,12 +230,14 @@ class ModelRunner(Runner):
             ctx = [it.num_computed_tokens + 1 for it in decodes]
             max_ctx = max(ctx)
             max_blocks = -(-max_ctx // bs)
+            if self.invariant_decode:          # keys padded to a multiple of 16, always masked
+                max_blocks = -(-padded_keys(max_ctx) // bs)
             meta.num_decodes = len(decodes)
             meta.decode_context_len = max_ctx
             meta.decode_block_tables = torch.tensor(
                 [(it.block_ids[:max_blocks] + [0] * max_blocks)[:max_blocks] for it in decodes],
                 dtype=torch.long, device=dev)                                            # [B, max_blocks]
-            if min(ctx) != max_ctx:
+            if min(ctx) != max_ctx or self.invariant_decode:
                 pos = torch.arange(max_blocks * bs, device=dev)
                 ctx_t = torch.tensor(ctx, device=dev)
                 meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]      # [B, 1, 1, L_pad]

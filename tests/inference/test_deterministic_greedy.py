@@ -1,0 +1,46 @@
+"""Identical greedy requests give identical tokens on the shipped model in bf16 on the CPU: alone,
+inside a batch of 8 different requests, after a prefix-cache hit, and streamed or not over HTTP."""
+from __future__ import annotations
+
+import pytest
+
+from inference import LLM, SamplingParams
+from tests.helpers.inference_server import running_server
+
+QUESTION = [{"role": "user", "content": "What are the two colours of a traffic light besides green? Say why."}]
+OTHERS = [[{"role": "user", "content": f"Give me fact number {i} about {topic}, in one paragraph."}]
+          for i, topic in enumerate(["cats", "the moon", "Paris", "Python", "rain", "bread", "trains"])]
+GREEDY = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM("smollm2", dtype="bfloat16")
+    yield engine
+    engine.shutdown()
+
+
+def _tokens(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_same_tokens_alone_after_a_prefix_hit_and_in_batches(llm):
+    alone = _tokens(llm.chat(QUESTION, GREEDY, use_tqdm=False))[0]
+    assert len(alone) == 64
+    after_hit = _tokens(llm.chat(QUESTION, GREEDY, use_tqdm=False))[0]       # its prompt blocks are cached now
+    first_of_8 = _tokens(llm.chat([QUESTION] + OTHERS, GREEDY, use_tqdm=False))[0]
+    last_of_8 = _tokens(llm.chat(OTHERS + [QUESTION], GREEDY, use_tqdm=False))[-1]
+    assert after_hit == alone
+    assert first_of_8 == alone
+    assert last_of_8 == alone
+
+
+def test_streamed_and_whole_greedy_replies_are_the_same_text():
+    with running_server("--model", "smollm2", "--dtype", "bfloat16", "--max-model-len", "1024") as server:
+        client = server.client()
+        whole = [client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=48, temperature=0)
+                 .choices[0].message.content for _ in range(2)]
+        stream = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=48, temperature=0,
+                                                stream=True)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert whole[0] == whole[1] == streamed
