@@ -229,19 +229,22 @@ def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device:
         use_triton_kernels(model)
 
 
-GGUF_SCALE_DTYPE = torch.float32   # keeps the file's fp16 scales exactly
+# The int4 kernel's scales are in the activations' dtype: bf16 rounds the file's fp16 scales to 8
+# mantissa bits (logit drift measured in tests/inference/loader/test_gguf_codes.py); fp32 keeps them
+# exactly but runs the kernel's scalar path, 25x slower here.
+GGUF_SCALE_DTYPE = torch.bfloat16
 
 
 def takes_gguf_codes(plan: LoadPlan, config: ModelConfig) -> bool:
-    """A GGUF model on the CPU, with no other quantization asked for, runs on the file's 4-bit
-    codes (16-bit activations: fp32 models stay on the exact dequantized weights). Opt-in with
-    INFERENCE_GGUF_CODES=1 until its speed is measured against the packed bf16 path."""
+    """A GGUF model on the CPU in bf16, with no other quantization asked for, runs on the file's
+    4-bit codes (fp32 models stay on the exact dequantized weights). INFERENCE_GGUF_CODES=0 turns
+    it off (the dequantized bf16 weights on oneDNN's packed layout instead)."""
     import os
 
     from inference.models.int4_cpu_linear import int4_cpu_available
-    return (os.environ.get("INFERENCE_GGUF_CODES") == "1" and plan.gguf_file is not None
+    return (os.environ.get("INFERENCE_GGUF_CODES", "1") != "0" and plan.gguf_file is not None
             and plan.device.type == "cpu" and config.quantization is None
-            and plan.dtype in (torch.bfloat16, torch.float16) and int4_cpu_available())
+            and plan.dtype == torch.bfloat16 and int4_cpu_available())
 
 
 def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:

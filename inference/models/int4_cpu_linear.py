@@ -58,6 +58,7 @@ class Int4CpuLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != self.scale_dtype:
             rows = rows.to(self.scale_dtype)
+        rows = rows.contiguous()                                              # the kernel's demand
         y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_len, self.scales_and_zeros)
         if y.dtype != self.out_dtype:
             y = y.to(self.out_dtype)
