@@ -221,9 +221,13 @@ def apply_weight_transforms(model: LlamaForCausalLM, config: ModelConfig) -> Non
 
 
 def apply_kernel_transforms(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
-    """The device's fast paths, in place: packed oneDNN weights (16-bit CPU), Triton layers (CUDA)."""
+    """The device's fast paths, in place: packed oneDNN weights (16-bit CPU), C++ kernels for the
+    small ops (bf16 CPU), Triton layers (CUDA)."""
     if cpu_packing_available(dtype, device):
         pack_linear_weights(model)
+    from inference.models.cpu_layers import cpu_kernels_available, use_cpu_kernels
+    if cpu_kernels_available(dtype, device):
+        use_cpu_kernels(model)
     if device.type == "cuda":
         from inference.models.triton_layers import use_triton_kernels  # imports Triton
         use_triton_kernels(model)
@@ -261,7 +265,9 @@ def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
     apply_weight_transforms(model, config)
     if takes_gguf_codes(plan, config):
         from inference.loader.gguf_codes import GGUFFile
-        from inference.quantization.gguf_linears import use_gguf_codes
-        use_gguf_codes(model, GGUFFile(plan.gguf_file), GGUF_SCALE_DTYPE)
+        from inference.quantization.gguf_linears import use_gguf_codes, use_gguf_lm_head
+        gguf = GGUFFile(plan.gguf_file)
+        use_gguf_codes(model, gguf, GGUF_SCALE_DTYPE)
+        use_gguf_lm_head(model, gguf, GGUF_SCALE_DTYPE)
     apply_kernel_transforms(model, plan.dtype, plan.device)
     return LoadedModel(model, plan.arch, tokenizer, plan.max_model_len, plan.dtype, config.model)

@@ -70,6 +70,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, max_blocks * block_size] bool;
                                                # None when every decode has decode_context_len tokens
                                                # (always set on the CPU in bf16: batch-invariant decode)
+    decode_context_lens: torch.Tensor | None = None   # [num_decodes] int64 tokens incl. the new one (CPU)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -168,6 +169,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     if od is not None:
         out[:nd] = od
+    attend_prefills(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def attend_prefills(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, out: torch.Tensor) -> None:
+    """The prefill chunks' rows of q [T, H, D] attend over the cache (their K/V written already),
+    into the same rows of out."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[-2]
+    group = num_heads // num_kv_heads
     invariant = q.device.type == "cpu" and q.dtype == torch.bfloat16
     for chunk in meta.prefills:
         s, n, ctx = chunk.query_start, chunk.query_len, chunk.context_len
@@ -191,4 +203,3 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         else:
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=chunk.causal_mask, scale=scale)
         out[s:s + n] = op.transpose(0, 1)
-    return out

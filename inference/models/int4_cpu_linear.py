@@ -71,3 +71,31 @@ class Int4CpuLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group={self.group_len}, scales={self.scale_dtype}"
+
+
+class Int8AsTwoInt4CpuLinear(nn.Module):
+    """A linear over signed 8-bit codes with group scales (GGUF's Q8_0: w = d * q, q in -128..127)
+    as two int4 matmuls over the same input, exactly:
+
+        q + 128 = 16 * hi + lo      (hi, lo in 0..15)
+        w = (16 d) * hi - 128 d  +  d * lo
+
+    torch's CPU int8 matmul takes one scale per output row only, so Q8_0's 32-column groups
+    would have to be re-quantized for it; the int4 kernel takes group scales, and two passes over
+    half-byte codes read as many bytes as one over the int8 codes."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype,
+                 scale_dtype: torch.dtype = torch.bfloat16):
+        """codes int8 [out, in]; scale [out, G]."""
+        super().__init__()
+        unsigned = codes.to(torch.int32) + 128
+        scale = scale.float()
+        self.high = Int4CpuLinear(unsigned >> 4, 16 * scale, -128 * scale, out_dtype, scale_dtype)
+        self.low = Int4CpuLinear(unsigned & 15, scale, torch.zeros_like(scale), out_dtype, scale_dtype)
+        self.out_features, self.in_features = codes.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.high.forward(x) + self.low.forward(x)
+
+    def weight_bytes(self) -> int:
+        return self.high.weight_bytes() + self.low.weight_bytes()

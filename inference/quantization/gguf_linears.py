@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from inference.loader.gguf_codes import BlockCodes, GGUFFile, unpermute_rope_rows
-from inference.models.int4_cpu_linear import Int4CpuLinear
+from inference.models.int4_cpu_linear import Int4CpuLinear, Int8AsTwoInt4CpuLinear
 from inference.models.llama import LlamaForCausalLM
 
 FOUR_BIT = ("Q4_0", "Q4_1")
@@ -59,3 +59,17 @@ def use_gguf_codes(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtyp
             setattr(owner, name, Int4CpuLinear(codes.codes, codes.scale, codes.zero, dtype, scale_dtype))
             num_replaced += 1
     return num_replaced
+
+
+def use_gguf_lm_head(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Compute the logits from the file's Q8_0 codes (its `output` tensor, or `token_embd` when the
+    embeddings are tied) instead of a 16-bit copy; True when it did."""
+    name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+    if f.kind(name) != "Q8_0":
+        return False
+    codes = f.codes(name)
+    if codes.shape != (model.arch.vocab_size, model.arch.hidden_size):
+        raise ValueError(f"GGUF {name}: codes {codes.shape} do not match the model's LM head "
+                         f"({model.arch.vocab_size}, {model.arch.hidden_size})")
+    model.lm_head = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, model.embed_tokens.weight.dtype, scale_dtype)
+    return True

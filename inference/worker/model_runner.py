@@ -237,6 +237,8 @@ class ModelRunner(Runner):
             meta.decode_block_tables = torch.tensor(
                 [(it.block_ids[:max_blocks] + [0] * max_blocks)[:max_blocks] for it in decodes],
                 dtype=torch.long, device=dev)                                            # [B, max_blocks]
+            if dev.type == "cpu":
+                meta.decode_context_lens = torch.tensor(ctx, dtype=torch.long)
             if min(ctx) != max_ctx or self.invariant_decode:
                 pos = torch.arange(max_blocks * bs, device=dev)
                 ctx_t = torch.tensor(ctx, device=dev)

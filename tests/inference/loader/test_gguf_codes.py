@@ -115,3 +115,46 @@ def test_the_shipped_file_s_codes_are_the_converted_model_s_weights(smollm2_dir)
         codes = _fused(f, 0, parts, arch)
         want = torch.cat([state[f"model.layers.0.{n}.weight"] for n in hf_names[key]])
         assert torch.allclose(codes.dequantized(), want, atol=1e-6, rtol=0), key
+
+
+@needs_int4
+def test_q8_0_as_two_int4_halves_matches_dequantize_then_matmul():
+    from inference.models.int4_cpu_linear import Int8AsTwoInt4CpuLinear
+    out, n = 80, 256
+    codes = decode_blocks(_random_blocks("Q8_0", out, n, seed=11), "w", "Q8_0", out, n)
+    x = torch.randn(3, n, generator=torch.Generator().manual_seed(5))
+    want = x.double() @ codes.dequantized().double().T
+    exact = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, torch.float32, torch.float32)
+    assert float((exact(x).double() - want).abs().max() / want.abs().max()) < 1e-5
+    rounded = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, torch.bfloat16, torch.bfloat16)
+    assert float((rounded(x.bfloat16()).double() - want).abs().max() / want.abs().max()) < 3e-2
+
+
+@needs_int4
+def test_the_shipped_model_on_codes_drifts_no_more_than_bf16_itself(smollm2_dir):
+    """Logits of the shipped model on its codes (bf16 scales and activations) against the fp32
+    model on the same dequantized values: the scale rounding may add at most a little to the
+    drift of plain bf16 (the dequantized weights in bf16), and the greedy tokens agree."""
+    from inference import LLM, SamplingParams
+    prompt = "The lighthouse keeper climbed the stairs every evening because"
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=20)
+
+    def top(dtype, codes: str):
+        import os
+        os.environ["INFERENCE_GGUF_CODES"] = codes
+        llm = LLM("smollm2", dtype=dtype, enable_prefix_caching=False)
+        try:
+            out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+            return out.token_ids[0], out.logprobs[0]
+        finally:
+            llm.shutdown()
+            del os.environ["INFERENCE_GGUF_CODES"]
+    ref_tok, ref = top("float32", "0")
+    plain_tok, plain = top("bfloat16", "0")
+    codes_tok, on_codes = top("bfloat16", "1")
+    assert codes_tok == ref_tok == plain_tok
+    shared = [t for t in ref if t in plain and t in on_codes]
+    drift = max(abs(on_codes[t].logprob - ref[t].logprob) for t in shared)
+    plain_drift = max(abs(plain[t].logprob - ref[t].logprob) for t in shared)
+    print(f"top-20 logprob drift vs fp32: codes {drift:.3f}, plain bf16 {plain_drift:.3f}")
+    assert drift < max(0.25, 2 * plain_drift)

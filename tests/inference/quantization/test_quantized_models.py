@@ -345,9 +345,10 @@ def test_int8_kv_cache_engine(llm_fp32):
     r = int8.engine.runner
     assert r.num_blocks == (16 << 20) // (2 * 30 * r.block_size * 3 * 68)        # 30 layers, 3 KV heads
     assert r.num_blocks >= int(1.8 * bf16.engine.runner.num_blocks)
-    outs = int8.generate(["def add(a, b):", "The capital of France is"],
-                         SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
-    want = bf16.generate(["def add(a, b):", "The capital of France is"],
+    # prompts whose first greedy tokens are clear winners ("def add(a, b):" is an exact bf16 tie)
+    prompts = ["def add(a, b):\n    return", "1, 2, 3, 4,"]
+    outs = int8.generate(prompts, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    want = bf16.generate(prompts,
                          SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
     assert [o.outputs[0].token_ids[:3] for o in outs] == [o.outputs[0].token_ids[:3] for o in want]
     assert_all_blocks_free(int8)

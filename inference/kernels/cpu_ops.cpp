@@ -1,0 +1,240 @@
+// CPU kernels for the bf16 step around the int4 matmuls (inference/kernels/cpu_ops.py builds
+// this file with torch's C++ extension loader; inference/models/cpu_layers.py uses it).
+//
+// Each op does in one pass what the PyTorch path does in several ops, computes in fp32 and rounds
+// to bf16 once. Every output row depends on its own inputs only, in a fixed order of arithmetic,
+// so results do not depend on the batch a row is in or on how threads split the work.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using bf16 = uint16_t;
+
+inline float to_f32(bf16 x) {
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline bf16 to_bf16(float f) {  // round to nearest even, as torch does (NaN stays NaN)
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16>(u >> 16);
+}
+
+const bf16* bf16_data(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr<at::BFloat16>()); }
+bf16* bf16_data_mut(torch::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr<at::BFloat16>()); }
+
+void check_bf16(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kBFloat16 && t.is_contiguous(),
+              name, ": a contiguous bf16 CPU tensor is needed");
+}
+
+}  // namespace
+
+// x [T, N], residual [T, N] or empty -> (RMSNorm(x + residual) * weight, x + residual). Like the
+// PyTorch path, the sum is rounded to bf16 first (it is the residual stream the next layer reads).
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
+                                        torch::Tensor weight, double eps) {
+  check_bf16(x, "x");
+  check_bf16(weight, "weight");
+  const int64_t rows = x.size(0), n = x.size(1);
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res) check_bf16(*residual, "residual");
+  auto out = torch::empty_like(x);
+  auto sum = has_res ? torch::empty_like(x) : x;
+  const bf16* xp = bf16_data(x);
+  const bf16* rp = has_res ? bf16_data(*residual) : nullptr;
+  const bf16* wp = bf16_data(weight);
+  bf16* op = bf16_data_mut(out);
+  bf16* sp = has_res ? bf16_data_mut(sum) : nullptr;
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> h(n);
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* xr = xp + r * n;
+      float ss = 0.f;
+      if (has_res) {
+        const bf16* rr = rp + r * n;
+        bf16* sr = sp + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          bf16 s = to_bf16(to_f32(xr[i]) + to_f32(rr[i]));
+          sr[i] = s;
+          h[i] = to_f32(s);
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) h[i] = to_f32(xr[i]);
+      }
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < n; ++i) ss += h[i] * h[i];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+      bf16* orow = op + r * n;
+      for (int64_t i = 0; i < n; ++i) orow[i] = to_bf16(h[i] * inv * to_f32(wp[i]));
+    }
+  });
+  return {out, sum};
+}
+
+// qkv [T, (H + 2 Hkv) * D]; cos, sin [P, D / 2] fp32 tables; positions, slots [T] int64;
+// k_cache, v_cache [blocks, block_size, Hkv, D]. Writes each token's rotated k and its v into its
+// cache slot and returns the rotated q [T, H, D] (neox-style rotate-half RoPE).
+torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
+                            torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
+                            int64_t num_heads, int64_t num_kv_heads) {
+  check_bf16(qkv, "qkv");
+  check_bf16(k_cache, "k_cache");
+  check_bf16(v_cache, "v_cache");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous(), "cos, sin: contiguous fp32 tables");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong, "positions, slots: int64");
+  const int64_t tokens = qkv.size(0), half = cos.size(1), d = 2 * half;
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * d, "qkv: width does not match the heads");
+  TORCH_CHECK(k_cache.size(-1) == d && k_cache.size(-2) == num_kv_heads, "k_cache: [blocks, block_size, Hkv, D]");
+  auto q = torch::empty({tokens, num_heads, d}, qkv.options());
+  const bf16* in = bf16_data(qkv);
+  const float* cp = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+  const int64_t* pos = positions.contiguous().data_ptr<int64_t>();
+  const int64_t* slot = slots.contiguous().data_ptr<int64_t>();
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slots: ", slot[t], " outside the cache");
+  bf16* qp = bf16_data_mut(q);
+  bf16* kp = bf16_data_mut(k_cache);
+  bf16* vp = bf16_data_mut(v_cache);
+  const int64_t width = (num_heads + 2 * num_kv_heads) * d, kv_row = num_kv_heads * d;
+  at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const bf16* row = in + t * width;
+      const float* c = cp + pos[t] * half;
+      const float* s = sn + pos[t] * half;
+      for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) {
+        const bf16* x = row + h * d;
+        bf16* y = h < num_heads ? qp + (t * num_heads + h) * d : kp + slot[t] * kv_row + (h - num_heads) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
+          y[i] = to_bf16(x1 * c[i] - x2 * s[i]);
+          y[i + half] = to_bf16(x2 * c[i] + x1 * s[i]);
+        }
+      }
+      std::memcpy(vp + slot[t] * kv_row, row + (num_heads + num_kv_heads) * d, kv_row * sizeof(bf16));
+    }
+  });
+  return q;
+}
+
+// q [B, H, D]; caches [blocks, block_size, Hkv, D]; tables [B, >= blocks used] int64; context [B]
+// int64 (tokens incl. the new one) -> [B, H, D]. One task per (sequence, KV head): its query heads
+// stream the sequence's blocks in order with an online softmax in fp32.
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor tables, torch::Tensor context, double scale) {
+  check_bf16(q, "q");
+  check_bf16(k_cache, "k_cache");
+  check_bf16(v_cache, "v_cache");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && context.scalar_type() == at::kLong, "tables, context: int64");
+  const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t block = k_cache.size(1), kv_heads = k_cache.size(2), group = heads / kv_heads;
+  TORCH_CHECK(k_cache.size(3) == d && heads % kv_heads == 0, "q and the caches disagree on heads or head_dim");
+  auto tab = tables.contiguous();
+  auto ctx = context.contiguous();
+  const int64_t width = tab.size(1), num_blocks = k_cache.size(0);
+  const int64_t* tp = tab.data_ptr<int64_t>();
+  const int64_t* cp = ctx.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(cp[b] >= 1 && cp[b] <= width * block, "context: ", cp[b], " tokens do not fit the block table");
+    for (int64_t j = 0; j < (cp[b] + block - 1) / block; ++j)
+      TORCH_CHECK(tp[b * width + j] >= 0 && tp[b * width + j] < num_blocks, "tables: block outside the cache");
+  }
+  auto out = torch::empty_like(q);
+  const bf16* qp = bf16_data(q);
+  const bf16* kp = bf16_data(k_cache);
+  const bf16* vp = bf16_data(v_cache);
+  bf16* op = bf16_data_mut(out);
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * d), acc(group * d), score(group * block), m(group), l(group), kf(d);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / kv_heads, h = task % kv_heads;
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < d; ++i) qf[g * d + i] = to_f32(qp[(b * heads + h * group + g) * d + i]) * sc;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.f);
+      const int64_t n = cp[b];
+      for (int64_t start = 0; start < n; start += block) {
+        const int64_t len = std::min(block, n - start);
+        const int64_t base = tp[b * width + start / block] * block;
+        for (int64_t j = 0; j < len; ++j) {
+          const bf16* k = kp + ((base + j) * kv_heads + h) * d;
+          for (int64_t i = 0; i < d; ++i) kf[i] = to_f32(k[i]);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = qf.data() + g * d;
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < d; ++i) s += qg[i] * kf[i];
+            score[g * block + j] = s;
+          }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          float mx = m[g];
+          for (int64_t j = 0; j < len; ++j) mx = std::max(mx, score[g * block + j]);
+          const float alpha = std::exp(m[g] - mx);
+          float sum = l[g] * alpha;
+          float* a = acc.data() + g * d;
+          for (int64_t i = 0; i < d; ++i) a[i] *= alpha;
+          for (int64_t j = 0; j < len; ++j) {
+            const float p = std::exp(score[g * block + j] - mx);
+            sum += p;
+            const bf16* v = vp + ((base + j) * kv_heads + h) * d;
+            for (int64_t i = 0; i < d; ++i) a[i] += p * to_f32(v[i]);
+          }
+          m[g] = mx;
+          l[g] = sum;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const float inv = 1.f / l[g];
+        bf16* o = op + (b * heads + h * group + g) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = to_bf16(acc[g * d + i] * inv);
+      }
+    }
+  });
+  return out;
+}
+
+// x [T, 2 I] (gate | up) -> silu(gate) * up [T, I]
+torch::Tensor silu_mul(torch::Tensor x) {
+  check_bf16(x, "x");
+  const int64_t rows = x.size(0), inter = x.size(1) / 2;
+  auto out = torch::empty({rows, inter}, x.options());
+  const bf16* xp = bf16_data(x);
+  bf16* op = bf16_data_mut(out);
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* g = xp + r * 2 * inter;
+      const bf16* u = g + inter;
+      bf16* o = op + r * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float a = to_f32(g[i]);
+        o[i] = to_bf16(a / (1.f + std::exp(-a)) * to_f32(u[i]));
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("add_rms_norm", &add_rms_norm, "x (+ residual), RMSNorm, one pass");
+  m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k, k and v into their cache slots");
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged cache");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+}
