@@ -40,6 +40,44 @@ void check_bf16(const torch::Tensor& t, const char* name) {
               name, ": a contiguous bf16 CPU tensor is needed");
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+inline __m512 load_bf16x16(const bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+#endif
+
+// sum_i q[i] * k[i] (q fp32, k bf16), in a fixed order
+inline float dot_bf16(const float* q, const bf16* k, int64_t d) {
+#if defined(__AVX512F__)
+  if (d % 16 == 0) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_bf16x16(k + i), s);
+    return _mm512_reduce_add_ps(s);
+  }
+#endif
+  float s = 0.f;
+  for (int64_t i = 0; i < d; ++i) s += q[i] * to_f32(k[i]);
+  return s;
+}
+
+// acc += p * v (v bf16)
+inline void axpy_bf16(float* acc, float p, const bf16* v, int64_t d) {
+#if defined(__AVX512F__)
+  if (d % 16 == 0) {
+    const __m512 pv = _mm512_set1_ps(p);
+    for (int64_t i = 0; i < d; i += 16)
+      _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(pv, load_bf16x16(v + i), _mm512_loadu_ps(acc + i)));
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < d; ++i) acc[i] += p * to_f32(v[i]);
+}
+
+inline void scale_row(float* acc, float alpha, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) acc[i] *= alpha;
+}
+
 }  // namespace
 
 // x [T, N], residual [T, N] or empty -> (RMSNorm(x + residual) * weight, x + residual). Like the
@@ -161,7 +199,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   bf16* op = bf16_data_mut(out);
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * d), acc(group * d), score(group * block), m(group), l(group), kf(d);
+    std::vector<float> qf(group * d), acc(group * d), score(group * block), m(group), l(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, h = task % kv_heads;
       for (int64_t g = 0; g < group; ++g)
@@ -175,30 +213,25 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
         const int64_t base = tp[b * width + start / block] * block;
         for (int64_t j = 0; j < len; ++j) {
           const bf16* k = kp + ((base + j) * kv_heads + h) * d;
-          for (int64_t i = 0; i < d; ++i) kf[i] = to_f32(k[i]);
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qg = qf.data() + g * d;
-            float s = 0.f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = 0; i < d; ++i) s += qg[i] * kf[i];
-            score[g * block + j] = s;
-          }
+          for (int64_t g = 0; g < group; ++g) score[g * block + j] = dot_bf16(qf.data() + g * d, k, d);
         }
         for (int64_t g = 0; g < group; ++g) {
           float mx = m[g];
           for (int64_t j = 0; j < len; ++j) mx = std::max(mx, score[g * block + j]);
           const float alpha = std::exp(m[g] - mx);
           float sum = l[g] * alpha;
-          float* a = acc.data() + g * d;
-          for (int64_t i = 0; i < d; ++i) a[i] *= alpha;
           for (int64_t j = 0; j < len; ++j) {
             const float p = std::exp(score[g * block + j] - mx);
+            score[g * block + j] = p;
             sum += p;
-            const bf16* v = vp + ((base + j) * kv_heads + h) * d;
-            for (int64_t i = 0; i < d; ++i) a[i] += p * to_f32(v[i]);
           }
+          scale_row(acc.data() + g * d, alpha, d);
           m[g] = mx;
           l[g] = sum;
+        }
+        for (int64_t j = 0; j < len; ++j) {
+          const bf16* v = vp + ((base + j) * kv_heads + h) * d;
+          for (int64_t g = 0; g < group; ++g) axpy_bf16(acc.data() + g * d, score[g * block + j], v, d);
         }
       }
       for (int64_t g = 0; g < group; ++g) {
@@ -232,7 +265,13 @@ torch::Tensor silu_mul(torch::Tensor x) {
   return out;
 }
 
+// gguf_matmul.cpp
+bool gguf_matmul_available();
+torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor m);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gguf_matmul_available", &gguf_matmul_available, "q4_matmul runs here (AVX-512 VNNI build)");
+  m.def("q4_matmul", &q4_matmul, "x @ W^T for GGUF 4-bit blocks, int8 activations, VNNI");
   m.def("add_rms_norm", &add_rms_norm, "x (+ residual), RMSNorm, one pass");
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k, k and v into their cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged cache");

@@ -1,4 +1,4 @@
-"""The CPU kernels of cpu_ops.cpp, built once per machine with torch's C++ extension loader
+"""The CPU kernels of cpu_ops.cpp and gguf_matmul.cpp, built once per machine with torch's C++ extension loader
 (g++ and ninja; the build is cached under ~/.cache/torch_extensions and takes ~40 s the first
 time). `cpu_ops()` is None where it cannot build, and the model keeps its PyTorch path.
 
@@ -7,6 +7,7 @@ PyTorch references beside each kernel (what the tests compare them with):
     rope_write_kv(...)                   TorchRope.apply + write_kv (inference/models/attention.py)
     paged_decode_attention(...)          the decode branch of paged_attention
     silu_mul(x)                          SiluAndMul.forward
+    q4_matmul(x, codes, d, m)            x @ dequantized(W)^T (inference/models/gguf_cpu_linear.py)
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_ops.cpp", "gguf_matmul.cpp")]
 
 
 @functools.cache
@@ -26,7 +27,7 @@ def cpu_ops():
         return None
     try:
         from torch.utils.cpp_extension import load
-        return load(name="inference_cpu_ops", sources=[str(SOURCE)], verbose=False,
+        return load(name="inference_cpu_ops", sources=[str(p) for p in SOURCES], verbose=False,
                     extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as exc:            # no compiler / ninja, or a build error: say so, keep PyTorch's ops
         log.warning("CPU kernels unavailable, using PyTorch ops: %s", str(exc).splitlines()[0] if str(exc) else exc)

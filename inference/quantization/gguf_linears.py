@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from inference.loader.gguf_codes import BlockCodes, GGUFFile, unpermute_rope_rows
+from inference.models.gguf_cpu_linear import GGUFCpuLinear, gguf_matmul_available
 from inference.models.int4_cpu_linear import Int4CpuLinear, Int8AsTwoInt4CpuLinear
 from inference.models.llama import LlamaForCausalLM
 
@@ -40,9 +41,11 @@ LINEARS = {  # our module path -> the GGUF tensors it fuses, in our row order
 
 
 def use_gguf_codes(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtype = torch.float32) -> int:
-    """Replace each decoder linear whose GGUF tensors are all 4-bit with an Int4CpuLinear over
-    the file's codes, in place. Returns how many were replaced."""
+    """Replace each decoder linear whose GGUF tensors are all 4-bit with a linear over the file's
+    codes, in place: the VNNI kernel's GGUFCpuLinear (bf16 models, where it builds), else torch's
+    int4 kernel. Returns how many were replaced."""
     dtype = model.embed_tokens.weight.dtype
+    vnni = gguf_matmul_available()
     num_replaced = 0
     for i, layer in enumerate(model.layers):
         for (parent, name), parts in LINEARS.items():
@@ -56,7 +59,10 @@ def use_gguf_codes(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtyp
             if codes.shape != tuple(linear.weight.shape):
                 raise ValueError(f"GGUF layer {i} {'+'.join(parts)}: codes {codes.shape} do not match the model's "
                                  f"{parent}.{name} {tuple(linear.weight.shape)}")
-            setattr(owner, name, Int4CpuLinear(codes.codes, codes.scale, codes.zero, dtype, scale_dtype))
+            if vnni and dtype == torch.bfloat16:
+                setattr(owner, name, GGUFCpuLinear(codes.codes, codes.scale, codes.zero))
+            else:
+                setattr(owner, name, Int4CpuLinear(codes.codes, codes.scale, codes.zero, dtype, scale_dtype))
             num_replaced += 1
     return num_replaced
 
