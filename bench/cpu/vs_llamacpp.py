@@ -1,0 +1,217 @@
+"""Our CPU engine against llama.cpp on the shipped GGUF file, both as OpenAI servers on 2 threads,
+measured through the same OpenAI client in one run (the peer built by bench/cpu/llamacpp.py).
+
+Per server (llama.cpp `llama-server -t 2 -np 16`, ours `python -m inference serve --model smollm2`
+under each thread policy in --policies; the servers never run at the same time):
+  batch-1 decode   one stream of 128 tokens (ignore_eos), tokens after the first / their time
+  16 concurrent    16 streams x 64 tokens at once, output tokens / wall time
+  prefill          a 512-token prompt (token ids, max_tokens=1), 512 / wall time
+  TTFT             a 1,000-token chat prompt, time to the first content chunk
+Every prompt is different (no prefix-cache hits). Then the IDE endpoint through the web app as
+`make run` serves it (`python -m app serve`, in-process engine): single-line completions
+(cursor mid-line, stop at the newline), P50 / P90 end to end.
+
+    .venv/bin/python -m bench.cpu.vs_llamacpp [--reps 3] [--policies PASSIVE,ACTIVE,spin]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import requests
+
+from bench.cpu.llamacpp import LlamaServer, build
+from bench.harness import ROOT, cpu_model, free_port, git_commit, nearest_rank, result_path, write_result
+from inference.loader.model_loader import gguf_source, resolve_model_dir
+
+THREADS = 2
+# OpenMP wait policies for our server; "spin" lets idle workers spin ~a few ms before sleeping
+POLICIES = {"PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}, "ACTIVE": {"OMP_WAIT_POLICY": "ACTIVE"},
+            "spin": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000000"}}
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(resolve_model_dir("smollm2"))
+
+
+def _text_windows(tok, length: int, count: int) -> list[list[int]]:
+    """`count` different windows of `length` token ids of real text (stdlib sources)."""
+    import email
+    import json as json_mod
+    import logging
+    source = "".join(inspect.getsource(m) for m in (logging, email, json_mod, argparse))
+    ids = tok(source)["input_ids"]
+    step = max(1, (len(ids) - length) // count)
+    return [ids[i * step:i * step + length] for i in range(count)]
+
+
+def _stream(client: openai.OpenAI, model: str, prompt, max_tokens: int) -> tuple[float, list[float], int]:
+    """(sent at, arrival time of each content chunk, completion tokens)."""
+    t0 = time.perf_counter()
+    stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    arrivals, tokens = [], 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return t0, arrivals, tokens or len(arrivals)
+
+
+def measure_server(url: str, model: str, tok, reps: int) -> dict:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    windows = iter(_text_windows(tok, 1100, 8 * reps + 40))
+    _stream(client, model, next(windows)[:64], 16)                              # warm-up
+    decode = []
+    for _ in range(reps):
+        _, arrivals, tokens = _stream(client, model, next(windows)[:32], 128)
+        decode.append((tokens - 1) / (arrivals[-1] - arrivals[0]))
+    concurrent = []
+    for _ in range(reps):
+        prompts = [next(windows)[:32] for _ in range(16)]
+        counts = [0] * 16
+
+        def run(i):
+            counts[i] = _stream(client, model, prompts[i], 64)[2]
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        concurrent.append(sum(counts) / (time.perf_counter() - t0))
+    prefill = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        client.completions.create(model=model, prompt=next(windows)[:512], max_tokens=1, temperature=0)
+        prefill.append(512 / (time.perf_counter() - t0))
+    ttft = []
+    for _ in range(reps):
+        context = tok.decode(next(windows)[:1000])
+        t0 = time.perf_counter()
+        stream = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=8, stream=True,
+            messages=[{"role": "system", "content": f"Answer from this documentation:\n{context}"},
+                      {"role": "user", "content": "What does this code do?"}])
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                ttft.append((time.perf_counter() - t0) * 1e3)
+                break
+        stream.close()
+    med = statistics.median
+    return {"batch1_decode_tok_s": med(decode), "concurrent16_tok_s": med(concurrent),
+            "prefill512_tok_s": med(prefill), "ttft_1000_chat_ms": med(ttft),
+            "runs": {"decode": decode, "concurrent": concurrent, "prefill": prefill, "ttft": ttft}}
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, path: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}{path}", timeout=1).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}{path} not ready within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], env: dict, url: str, ready_path: str):
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(url, proc, ready_path)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def ours(policy: str, port: int):
+    cmd = [sys.executable, "-m", "inference", "serve", "--model", "smollm2", "--host", "127.0.0.1",
+           "--port", str(port)]
+    return process(cmd, POLICIES[policy], f"http://127.0.0.1:{port}", "/ready")
+
+
+def ide_latency(policy: str, requests_n: int) -> dict:
+    """Single-line completions through the web app (`make run`'s process, in-process engine)."""
+    from pipelines import completion, knowledge_base, support_chat
+    port = free_port()
+    env = {**POLICIES[policy], "DATABASE_URL": f"sqlite:///{Path('/tmp') / f'vs_llamacpp_{port}.db'}"}
+    sources = [inspect.getsource(m) for m in (completion, knowledge_base, support_chat)]
+    lat = []
+    with process([sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)], env,
+                 f"http://127.0.0.1:{port}", "/readyz") as url:
+        s = requests.Session()
+        for i in range(requests_n + 3):
+            src = sources[i % len(sources)]
+            lines = src.splitlines(keepends=True)
+            line = 20 + (i * 37) % (len(lines) - 40)
+            while len(lines[line].strip()) < 12:
+                line += 1
+            cut = sum(len(x) for x in lines[:line]) + len(lines[line]) // 2               # mid-line
+            body = {"language": "python", "prompt": src[:cut], "suffix": src[cut:cut + 300],
+                    "filepath": f"f{i}.py", "max_tokens": 32, "stop": ["\n"], "user": f"u{i}"}
+            t0 = time.perf_counter()
+            r = s.post(f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer demo-api-key"},
+                       timeout=60)
+            r.raise_for_status()
+            if i >= 3:
+                lat.append((time.perf_counter() - t0) * 1e3)
+    return {"requests": len(lat), "p50_ms": statistics.median(lat), "p90_ms": nearest_rank(lat, 0.90)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--policies", default="PASSIVE,ACTIVE,spin")
+    ap.add_argument("--ide-requests", type=int, default=40)
+    ap.add_argument("--out", default=result_path("vs_llamacpp.json"))
+    args = ap.parse_args()
+    policies = args.policies.split(",")
+    build()
+    tok = _tokenizer()
+    res = {"machine": cpu_model(), "cores": os.cpu_count(), "threads": THREADS, "commit": git_commit(),
+           "gguf": gguf_source("smollm2").name, "servers": {}, "ide": {}}
+    with LlamaServer(gguf_source("smollm2"), free_port(), threads=THREADS, parallel=16) as peer:
+        res["servers"]["llama.cpp"] = measure_server(peer.url, "smollm2", tok, args.reps)
+    for policy in policies:
+        with ours(policy, free_port()) as url:
+            res["servers"][f"ours {policy}"] = measure_server(url, "smollm2", tok, args.reps)
+    for policy in policies:
+        res["ide"][policy] = ide_latency(policy, args.ide_requests)
+    peer = res["servers"]["llama.cpp"]
+    print("| server | batch-1 decode tok/s | 16 concurrent tok/s | prefill 512 tok/s | TTFT 1000-token chat ms |")
+    print("|---|---|---|---|---|")
+    for name, r in res["servers"].items():
+        ratio = "" if name == "llama.cpp" else " ({:.2f}x)"
+        cells = [(r[k], peer[k]) for k in ("batch1_decode_tok_s", "concurrent16_tok_s", "prefill512_tok_s")]
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" + ratio.format(v / p) for v, p in cells)
+              + f" | {r['ttft_1000_chat_ms']:.0f}" + ("" if name == "llama.cpp" else
+                                                      f" ({r['ttft_1000_chat_ms'] / peer['ttft_1000_chat_ms']:.2f}x)")
+              + " |")
+    print("\n| IDE single-line completion, web app (`make run`) | P50 ms | P90 ms |\n|---|---|---|")
+    for policy, r in res["ide"].items():
+        print(f"| {policy} | {r['p50_ms']:.0f} | {r['p90_ms']:.0f} |")
+    write_result(args.out, res)
+
+
+if __name__ == "__main__":
+    main()
