@@ -158,6 +158,30 @@ def fit_end(text: str, budget: int, count: Callable[[str], int]) -> str:
     return _fit(text, budget, count, keep_end=True)
 
 
+ANCHOR_LINES = 32      # a prefix window starts at a line number that is a multiple of this
+
+
+def fit_end_anchored(text: str, budget: int, count: Callable[[str], int], stride: int = ANCHOR_LINES) -> str:
+    """The end of `text` within `budget` tokens, starting at a line whose number is a multiple of
+    `stride`: while the cursor moves on, the window's start stays put, so successive prompts
+    share their beginning and the engine's prefix cache serves all but the newly typed part (a
+    window that always starts as early as the budget allows moves with every line and is
+    prefilled anew each time)."""
+    if count(text) <= budget:
+        return text
+    starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"][stride - 1::stride]   # lines 0, s, 2s...
+    lo, hi = 0, len(starts) - 1              # the first anchor whose tail fits (tails shrink as it grows)
+    if count(text[starts[hi]:]) > budget:
+        return fit_end(text[starts[hi]:], budget, count)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(text[starts[mid]:]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[starts[lo]:]
+
+
 def fit_start(text: str, budget: int, count: Callable[[str], int]) -> str:
     """The start of `text` within `budget` tokens, ending at a line boundary when cut."""
     return _fit(text, budget, count, keep_end=False)
@@ -255,7 +279,7 @@ class CompletionService:
         """(what precedes the cursor: snippets + prefix, the suffix the template uses, stops)."""
         rules = self.languages.get(req.language, req.filepath)
         count = self.client.count_tokens
-        prefix = fit_end(req.prefix, self.prefix_budget, count)
+        prefix = fit_end_anchored(req.prefix, self.prefix_budget, count)
         suffix = fit_start(req.suffix, self.suffix_budget, count) if self.template.uses_suffix else ""
         snippets = list(req.snippets)
         index = self.indexes.get(safe_name(req.repository or "")) or (

@@ -7,6 +7,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "spin_pool.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -96,7 +98,7 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Te
   const bf16* wp = bf16_data(weight);
   bf16* op = bf16_data_mut(out);
   bf16* sp = has_res ? bf16_data_mut(sum) : nullptr;
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> h(n);
     for (int64_t r = begin; r < end; ++r) {
       const bf16* xr = xp + r * n;
@@ -150,7 +152,7 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor 
   bf16* kp = bf16_data_mut(k_cache);
   bf16* vp = bf16_data_mut(v_cache);
   const int64_t width = (num_heads + 2 * num_kv_heads) * d, kv_row = num_kv_heads * d;
-  at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+  spin_pool::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const bf16* row = in + t * width;
       const float* c = cp + pos[t] * half;
@@ -198,7 +200,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const bf16* vp = bf16_data(v_cache);
   bf16* op = bf16_data_mut(out);
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  spin_pool::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * d), acc(group * d), score(group * block), m(group), l(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, h = task % kv_heads;
@@ -251,7 +253,7 @@ torch::Tensor silu_mul(torch::Tensor x) {
   auto out = torch::empty({rows, inter}, x.options());
   const bf16* xp = bf16_data(x);
   bf16* op = bf16_data_mut(out);
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  spin_pool::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const bf16* g = xp + r * 2 * inter;
       const bf16* u = g + inter;
@@ -265,13 +267,31 @@ torch::Tensor silu_mul(torch::Tensor x) {
   return out;
 }
 
+namespace spin_pool {
+Pool& pool() {
+  static Pool p([] {
+    const char* env = std::getenv("INFERENCE_CPU_THREADS");
+    return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : at::get_num_threads();
+  }(), [] {
+    const char* env = std::getenv("INFERENCE_CPU_SPIN_US");
+    return env != nullptr ? std::atoll(env) : 2000LL;
+  }());
+  return p;
+}
+}  // namespace spin_pool
+
+int64_t pool_threads() { return spin_pool::pool().size(); }
+
 // gguf_matmul.cpp
 bool gguf_matmul_available();
 torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor m);
+torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pool_threads", &pool_threads, "threads of the kernels' pool (made on first use)");
   m.def("gguf_matmul_available", &gguf_matmul_available, "q4_matmul runs here (AVX-512 VNNI build)");
   m.def("q4_matmul", &q4_matmul, "x @ W^T for GGUF 4-bit blocks, int8 activations, VNNI");
+  m.def("q8_matmul", &q8_matmul, "x @ W^T for GGUF Q8_0 blocks, int8 activations, VNNI");
   m.def("add_rms_norm", &add_rms_norm, "x (+ residual), RMSNorm, one pass");
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k, k and v into their cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged cache");

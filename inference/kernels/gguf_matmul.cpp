@@ -17,6 +17,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "spin_pool.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -153,7 +155,7 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, t
 #ifdef GGUF_MATMUL_VNNI
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
   std::vector<QuantizedRow> qx(rows);
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) quantize_row(xp + r * k, k, qx[r]);
   });
   const uint8_t* wp = codes.data_ptr<uint8_t>();
@@ -161,7 +163,7 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, t
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int64_t chunks = (groups + CHUNK - 1) / CHUNK;
-  at::parallel_for(0, n, 32, [&](int64_t begin, int64_t end) {
+  spin_pool::parallel_for(0, n, 32, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const uint8_t* w = wp + row * groups * 16;
       const uint16_t* dr = dp + row * groups;
@@ -173,6 +175,73 @@ torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, t
   });
 #else
   TORCH_CHECK(false, "q4_matmul: this build has no AVX-512 VNNI");
+#endif
+  return out;
+}
+
+// Q8_0: codes int8 [N, K] (w = d * q per 32 columns), d fp16 [N, G]. Two groups (64 bytes) per
+// vector; VPDPBUSD multiplies unsigned by signed bytes, so the codes go in as q + 128 and each
+// lane takes back 128 * (its four x codes), computed once per activation row.
+torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x: a 2-D bf16 CPU tensor");
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.dim() == 2, "codes: int8 [N, K]");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous(), "d: contiguous fp16 [N, G]");
+  const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0), groups = d.size(1);
+  TORCH_CHECK(k == groups * GROUP && codes.size(1) == k && d.size(0) == n,
+              "q8_matmul: x [M, ", k, "] does not fit the weight [", n, ", ", codes.size(1), "]");
+  auto xc = x.contiguous();
+  auto out = torch::empty({rows, n}, x.options());
+#ifdef GGUF_MATMUL_VNNI
+  const int64_t chunks = (groups + 1) / 2;
+  std::vector<int8_t> qx(rows * chunks * 64, 0);
+  std::vector<float> dx(rows * chunks * 16, 0.f);
+  std::vector<int32_t> corr(rows * chunks * 16, 0);
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float v[GROUP], amax = 0.f;
+      for (int64_t j = 0; j < GROUP; ++j) {
+        v[j] = bf16_to_f32(xp[r * k + g * GROUP + j]);
+        amax = std::max(amax, std::fabs(v[j]));
+      }
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int8_t* q = qx.data() + r * chunks * 64 + g * GROUP;
+      for (int64_t j = 0; j < GROUP; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+      for (int64_t lane = 0; lane < 8; ++lane) {
+        const int64_t at = r * chunks * 16 + g * 8 + lane;
+        dx[at] = amax / 127.f;
+        corr[at] = 128 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
+      }
+    }
+  }
+  const int8_t* wp = codes.data_ptr<int8_t>();
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  spin_pool::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int64_t row = begin; row < end; ++row) {
+      const int8_t* w = wp + row * k;
+      const uint16_t* dr = dp + row * groups;
+      for (int64_t r = 0; r < rows; ++r) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t have = std::min<int64_t>(2, groups - 2 * c);
+          const __mmask64 bytes = have == 2 ? ~0ull : (1ull << 32) - 1;
+          const __m512i u = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes, w + c * 64), flip);
+          const int64_t at = (r * chunks + c) * 16;
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(qx.data() + r * chunks * 64 + c * 64));
+          dot = _mm512_sub_epi32(dot, _mm512_loadu_si512(corr.data() + at));
+          const __m128 d2 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << have) - 1), dr + 2 * c));
+          const __m512 dl = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d2));
+          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dl, _mm512_loadu_ps(dx.data() + at)), acc);
+        }
+        op[r * n + row] = f32_to_bf16(_mm512_reduce_add_ps(acc));
+      }
+    }
+  });
+#else
+  TORCH_CHECK(false, "q8_matmul: this build has no AVX-512 VNNI");
 #endif
   return out;
 }

@@ -52,3 +52,28 @@ class GGUFCpuLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group={GROUP}, scales=fp16"
+
+
+class GGUFQ8CpuLinear(nn.Module):
+    """A linear over GGUF Q8_0 blocks (w = d * q, q in -128..127 per weight, d per 32 input
+    columns) on the same VNNI kernel family: the file's codes and fp16 scales as they are."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor):
+        super().__init__()
+        out, n = codes.shape
+        if n % GROUP or scale.shape != (out, n // GROUP):
+            raise ValueError(f"GGUFQ8CpuLinear: codes {tuple(codes.shape)} need [out, in / 32] scales, "
+                             f"got {tuple(scale.shape)}")
+        self.out_features, self.in_features = out, n
+        self.codes = codes.to(torch.int8).contiguous()
+        self.d = scale.to(torch.float16).contiguous()
+        self.ops = cpu_ops()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return self.ops.q8_matmul(x, self.codes, self.d)
+        return self.ops.q8_matmul(x.reshape(-1, self.in_features), self.codes, self.d).view(
+            *x.shape[:-1], self.out_features)
+
+    def weight_bytes(self) -> int:
+        return self.codes.numel() + 2 * self.d.numel()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from inference.loader.gguf_codes import BlockCodes, GGUFFile, unpermute_rope_rows
-from inference.models.gguf_cpu_linear import GGUFCpuLinear, gguf_matmul_available
+from inference.models.gguf_cpu_linear import GGUFCpuLinear, GGUFQ8CpuLinear, gguf_matmul_available
 from inference.models.int4_cpu_linear import Int4CpuLinear, Int8AsTwoInt4CpuLinear
 from inference.models.llama import LlamaForCausalLM
 
@@ -77,5 +77,9 @@ def use_gguf_lm_head(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dt
     if codes.shape != (model.arch.vocab_size, model.arch.hidden_size):
         raise ValueError(f"GGUF {name}: codes {codes.shape} do not match the model's LM head "
                          f"({model.arch.vocab_size}, {model.arch.hidden_size})")
-    model.lm_head = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, model.embed_tokens.weight.dtype, scale_dtype)
+    dtype = model.embed_tokens.weight.dtype
+    if dtype == torch.bfloat16 and gguf_matmul_available():
+        model.lm_head = GGUFQ8CpuLinear(codes.codes, codes.scale)
+    else:
+        model.lm_head = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, dtype, scale_dtype)
     return True

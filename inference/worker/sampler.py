@@ -149,7 +149,10 @@ def _filter_top_k_top_p_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> 
         probs = torch.softmax(logits, dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits.masked_fill_(probs < threshold, float("-inf"))
-    if any(0 < r.params.top_k < vocab or r.params.top_p < 1.0 for r in rows):
+    filtered = [0 < r.params.top_k < vocab or r.params.top_p < 1.0 for r in rows]
+    if all(filtered) and _filter_within_top_candidates(logits, rows, top_k, top_p):
+        return
+    if any(filtered):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         ranks = torch.arange(vocab, device=dev)[None, :]
         remove = ranks >= top_k[:, None]
@@ -158,6 +161,36 @@ def _filter_top_k_top_p_min_p(logits: torch.Tensor, rows: list[SamplingRow]) -> 
         remove |= (cum - sorted_probs) > top_p[:, None]        # keep the token that crosses top_p
         remove[:, 0] = False
         logits.scatter_(-1, order, sorted_logits.masked_fill(remove, float("-inf")))
+
+
+TOP_CANDIDATES = 256     # top-k / top-p look at this many best tokens before sorting the vocabulary
+
+
+def _filter_within_top_candidates(logits: torch.Tensor, rows: list[SamplingRow], top_k: torch.Tensor,
+                                  top_p: torch.Tensor) -> bool:
+    """The same filter as the full sort below, from the best TOP_CANDIDATES tokens only, when
+    every row's kept set lies inside them: its top_k fits, and those tokens hold more than top_p
+    of the (top-k renormalized) mass. A sort of the whole vocabulary costs ~3.5 ms a row on
+    the CPU, topk ~0.1 ms. False (nothing changed) when some row needs more."""
+    vocab = logits.shape[-1]
+    k = min(vocab, max([TOP_CANDIDATES] + [r.params.top_k for r in rows if 0 < r.params.top_k < vocab]))
+    if k == vocab:
+        return False
+    vals, order = logits.topk(k, dim=-1)                                 # [R, k], best first
+    ranks = torch.arange(k, device=logits.device)[None, :]
+    remove = ranks >= top_k[:, None]
+    limited = top_k < vocab                                               # rows renormalized over their top_k
+    norm = torch.where(limited, torch.logsumexp(vals.masked_fill(remove, float("-inf")), dim=-1),
+                       torch.logsumexp(logits, dim=-1))                   # [R]
+    probs = torch.exp(vals - norm[:, None]).masked_fill(remove, 0.0)
+    cum = probs.cumsum(dim=-1)
+    if not bool(((cum[:, -1] > top_p) | limited).all()):                  # a row's top_p mass reaches past k
+        return False
+    remove |= (cum - probs) > top_p[:, None]                              # keep the token that crosses top_p
+    remove[:, 0] = False
+    kept = vals.masked_fill(remove, float("-inf"))
+    logits.fill_(float("-inf")).scatter_(-1, order, kept)
+    return True
 
 
 def _logprobs_of(row_logprobs: torch.Tensor, token: int, k: int) -> dict[int, tuple[float, int]]:

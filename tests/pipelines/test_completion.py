@@ -10,6 +10,7 @@ from pipelines.completion import (
     Snippet,
     choose_fim_template,
     fit_end,
+    fit_end_anchored,
     fit_start,
     parse_openai,
     parse_tabby,
@@ -59,6 +60,22 @@ def test_budgets_keep_the_text_nearest_the_cursor():
     assert kept_prefix.endswith("result = compute(") and words(kept_prefix) <= 60
     assert kept_prefix.startswith("line") and prefix.endswith(kept_prefix)        # cut at a line boundary
     assert kept_suffix.startswith(")\nafter0") and words(kept_suffix) <= 60 and suffix.startswith(kept_suffix)
+
+
+def test_an_anchored_window_keeps_its_start_while_the_cursor_moves_on():
+    source = "".join(f"value_{i} = compute({i}, {i * 7})\n" for i in range(600))
+    lines = source.splitlines(keepends=True)
+    windows = [fit_end_anchored("".join(lines[:n]) + "result = ", 300, words, stride=32) for n in range(200, 260)]
+    for n, w in zip(range(200, 260), windows):
+        assert w.endswith("result = ") and words(w) <= 300
+        first = int(w.split("=")[0].removeprefix("value_"))
+        assert first % 32 == 0 and first <= n                         # starts at an anchor line
+    starts = [w.split("=")[0] for w in windows]
+    changes = sum(a != b for a, b in zip(starts, starts[1:]))
+    assert changes <= 3                                              # 60 lines typed: a jump per 32 lines
+    assert fit_end_anchored("short = 1\n", 300, words) == "short = 1\n"
+    one_long_line = "x " * 1000
+    assert words(fit_end_anchored(one_long_line, 50, words)) <= 50      # no anchor fits: cut inside
 
 
 def test_snippets_become_path_labelled_comments_within_budget():

@@ -53,3 +53,19 @@ def test_bad_shapes_are_value_errors():
     layer, _ = _layer(8, 64, seed=5)
     with pytest.raises(RuntimeError, match="does not fit"):
         layer(torch.zeros(1, 96).bfloat16())
+
+
+@pytest.mark.parametrize("out,n", [(300, 576), (17, 96)])      # 18 and 3 groups (a half chunk at the end)
+def test_q8_0_matches_dequantize_then_matmul_and_ignores_the_batch(out, n):
+    from inference.models.gguf_cpu_linear import GGUFQ8CpuLinear
+    g = torch.Generator().manual_seed(out)
+    codes = torch.randint(-128, 128, (out, n), generator=g).to(torch.int8)
+    d = (torch.rand(out, n // 32, generator=g) * 0.02).half().float()
+    w = (codes.view(out, -1, 32).float() * d[..., None]).view(out, n)
+    layer = GGUFQ8CpuLinear(codes, d)
+    x = torch.randn(9, n, generator=g).bfloat16()
+    want = x.double() @ w.double().T
+    got = layer(x)
+    assert float((got.double() - want).norm() / want.norm()) < 1e-2
+    for r in range(9):
+        assert torch.equal(layer(x[r:r + 1]), got[r:r + 1])
