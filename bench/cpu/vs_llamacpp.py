@@ -12,7 +12,7 @@ Every prompt is different (no prefix-cache hits). Then the IDE endpoint through 
 files, a single-line completion per line (cursor mid-line, stop at the newline), P50 / P90 end to
 end, and the first request of each file (nothing cached) on its own.
 
-    .venv/bin/python -m bench.cpu.vs_llamacpp [--reps 3] [--policies PASSIVE,ACTIVE,spin] [--ide-lines 15]
+    .venv/bin/python -m bench.cpu.vs_llamacpp [--reps 3] [--policies PASSIVE,ACTIVE,gomp-spin,pool-no-spin] [--ide-lines 15]
 """
 from __future__ import annotations
 
@@ -35,9 +35,13 @@ from bench.harness import ROOT, cpu_model, free_port, git_commit, nearest_rank, 
 from inference.loader.model_loader import gguf_source, resolve_model_dir
 
 THREADS = 2
-# OpenMP wait policies for our server; "spin" lets idle workers spin ~a few ms before sleeping
+# Thread policies for our server. OpenMP (torch's own ops): PASSIVE sleeps between parallel
+# regions, ACTIVE spins, "gomp-spin" spins 3M rounds first. The engine's kernel pool
+# (inference/kernels/spin_pool.h) spins INFERENCE_CPU_SPIN_US (2000 by default) after a task;
+# "pool-no-spin" sleeps at once.
 POLICIES = {"PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}, "ACTIVE": {"OMP_WAIT_POLICY": "ACTIVE"},
-            "spin": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000000"}}
+            "gomp-spin": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000000"},
+            "pool-no-spin": {"OMP_WAIT_POLICY": "PASSIVE", "INFERENCE_CPU_SPIN_US": "0"}}
 
 
 def _tokenizer():
@@ -196,7 +200,7 @@ def ide_latency(policy: str, lines_per_file: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--policies", default="PASSIVE,ACTIVE,spin")
+    ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--ide-lines", type=int, default=15, help="completions per file (3 files)")
     ap.add_argument("--out", default=result_path("vs_llamacpp.json"))
     args = ap.parse_args()
