@@ -267,6 +267,11 @@ torch::Tensor silu_mul(torch::Tensor x) {
   return out;
 }
 
+// gguf_matmul.cpp
+bool gguf_matmul_available();
+torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor m);
+torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d);
+
 namespace spin_pool {
 Pool& pool() {
   static Pool p([] {
@@ -282,12 +287,44 @@ Pool& pool() {
 
 int64_t pool_threads() { return spin_pool::pool().size(); }
 
-// gguf_matmul.cpp
-bool gguf_matmul_available();
-torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor m);
-torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d);
+
+// A decode step's decoder layers in one call (every token a decode; dense layers whose linears are
+// GGUF 4-bit blocks): the ops the Python layers call, in the same order, without ~12 Python calls
+// a layer. layers[i] = {input norm weight, qkv codes, d, m, o codes, d, m, post norm weight,
+// gate_up codes, d, m, down codes, d, m}. Returns (hidden, residual) before the final norm.
+std::vector<torch::Tensor> decode_layers(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& layers,
+                                         const std::vector<torch::Tensor>& k_caches,
+                                         const std::vector<torch::Tensor>& v_caches, torch::Tensor cos,
+                                         torch::Tensor sin, torch::Tensor positions, torch::Tensor slots,
+                                         torch::Tensor tables, torch::Tensor context, int64_t num_heads,
+                                         int64_t num_kv_heads, double scale, double eps) {
+  TORCH_CHECK(k_caches.size() == layers.size() && v_caches.size() == layers.size(), "one KV cache pair per layer");
+  const int64_t tokens = x.size(0);
+  torch::Tensor residual;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& l = layers[i];
+    TORCH_CHECK(l.size() == 14, "layer ", i, ": 14 tensors expected");
+    torch::Tensor h;
+    if (i == 0) {
+      residual = x;
+      h = add_rms_norm(x, c10::nullopt, l[0], eps)[0];
+    } else {
+      auto r = add_rms_norm(x, residual, l[0], eps);
+      h = r[0];
+      residual = r[1];
+    }
+    auto qkv = q4_matmul(h, l[1], l[2], l[3]);
+    auto q = rope_write_kv(qkv, cos, sin, positions, k_caches[i], v_caches[i], slots, num_heads, num_kv_heads);
+    auto a = paged_decode_attention(q, k_caches[i], v_caches[i], tables, context, scale);
+    auto post = add_rms_norm(q4_matmul(a.view({tokens, -1}), l[4], l[5], l[6]), residual, l[7], eps);
+    residual = post[1];
+    x = q4_matmul(silu_mul(q4_matmul(post[0], l[8], l[9], l[10])), l[11], l[12], l[13]);
+  }
+  return {x, residual};
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call");
   m.def("pool_threads", &pool_threads, "threads of the kernels' pool (made on first use)");
   m.def("gguf_matmul_available", &gguf_matmul_available, "q4_matmul runs here (AVX-512 VNNI build)");
   m.def("q4_matmul", &q4_matmul, "x @ W^T for GGUF 4-bit blocks, int8 activations, VNNI");

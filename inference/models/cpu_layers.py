@@ -6,17 +6,30 @@ kernels of inference/kernels/cpu_ops.cpp (as `use_triton_kernels` swaps layers o
     RotaryEmbedding   -> hands the fp32 cos / sin tables and positions to the attention
     LlamaAttention    -> RoPE on q and k and the K/V cache write in one pass over the qkv rows;
                          decodes attend straight from the paged cache (no gathered copy of K/V)
+    LlamaForCausalLM  -> a step of decodes runs all decoder layers in one C++ call when every layer's
+                         linears are GGUF 4-bit blocks (INFERENCE_CPU_DECODE_STACK=0: layer by layer)
 
 Each kernel's rows depend on their own inputs only (greedy outputs stay batch-invariant). With
 another KV-cache dtype (int8, fp8), or where the kernels cannot build, the PyTorch path runs.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from inference.kernels.cpu_ops import cpu_ops
 from inference.models.attention import attend_prefills
-from inference.models.llama import LlamaAttention, RMSNorm, RotaryEmbedding, SiluAndMul, TorchRope
+from inference.models.gguf_cpu_linear import GGUFCpuLinear
+from inference.models.llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    TorchRope,
+)
 
 
 class CpuRope(TorchRope):
@@ -71,8 +84,49 @@ class CpuLlamaAttention(LlamaAttention):
         return self.o_proj.forward(out.view(num_tokens, self.q_size))
 
 
+class CpuLlamaForCausalLM(LlamaForCausalLM):
+    """A step of decodes only runs the decoder layers in one C++ call (cpu_ops.cpp decode_layers)
+    when every layer qualifies (`decode_stack`); any other step runs the layers one by one. Both
+    call the same kernels in the same order: the same bits."""
+    decode_stack: list[list[torch.Tensor]] | None = None
+
+    def forward(self, input_ids, positions, kv_caches, meta):
+        if (self.decode_stack is None or meta.num_decodes != input_ids.shape[0] or meta.decode_context_lens is None
+                or kv_caches[0][0].dtype != torch.bfloat16):
+            return super().forward(input_ids, positions, kv_caches, meta)
+        attn = self.layers[0].self_attn
+        x, residual = cpu_ops().decode_layers(
+            self.embed_tokens(input_ids), self.decode_stack, [k for k, _ in kv_caches], [v for _, v in kv_caches],
+            self.rotary.cos, self.rotary.sin, positions, meta.slot_mapping, meta.decode_block_tables,
+            meta.decode_context_lens, attn.num_heads, attn.num_kv_heads, attn.attn.scale, self.norm.eps)
+        x, _ = self.norm.forward(x, residual)
+        return x
+
+
+def _decode_stack(model: LlamaForCausalLM) -> list[list[torch.Tensor]] | None:
+    """Each layer's tensors for decode_layers, or None when a layer does not qualify (MoE, biases,
+    linears that are not GGUF 4-bit blocks, norms of another eps)."""
+    stack = []
+    eps = model.norm.eps
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))
+        if (not isinstance(mlp, LlamaMLP) or not isinstance(attn, CpuLlamaAttention)
+                or not all(isinstance(li, GGUFCpuLinear) and li.bias is None for li in linears)
+                or any(n.eps != eps or n.weight.dtype != torch.bfloat16
+                       for n in (layer.input_layernorm, layer.post_attention_layernorm))):
+            return None
+        stack.append([layer.input_layernorm.weight.detach(), *_blocks(linears[0]), *_blocks(linears[1]),
+                      layer.post_attention_layernorm.weight.detach(), *_blocks(linears[2]), *_blocks(linears[3])])
+    return stack
+
+
+def _blocks(linear: GGUFCpuLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return linear.codes, linear.d, linear.m
+
+
 _SWAPS = {RMSNorm: CpuRMSNorm, SiluAndMul: CpuSiluAndMul, RotaryEmbedding: CpuRotaryEmbedding,
-          LlamaAttention: CpuLlamaAttention}
+          LlamaAttention: CpuLlamaAttention, LlamaForCausalLM: CpuLlamaForCausalLM}
 
 
 def cpu_kernels_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -92,4 +146,6 @@ def use_cpu_kernels(model: torch.nn.Module) -> None:
     for layer in getattr(model, "layers", []):
         for module in layer.modules():
             module.__dict__.update(module._modules)
+    if isinstance(model, CpuLlamaForCausalLM) and os.environ.get("INFERENCE_CPU_DECODE_STACK", "1") != "0":
+        model.decode_stack = _decode_stack(model)
 

@@ -44,3 +44,17 @@ def test_streamed_and_whole_greedy_replies_are_the_same_text():
                                                 stream=True)
         streamed = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
     assert whole[0] == whole[1] == streamed
+
+
+def test_the_one_call_decode_stack_gives_the_layer_by_layer_tokens(llm):
+    model = llm.engine.runner.model
+    if getattr(model, "decode_stack", None) is None:
+        pytest.skip("the CPU kernels' decode stack is not in use here")
+    batch = [QUESTION] + OTHERS[:3]
+    stacked = _tokens(llm.chat(batch, GREEDY, use_tqdm=False))
+    saved, model.decode_stack = model.decode_stack, None
+    try:
+        layer_by_layer = _tokens(llm.chat(batch, GREEDY, use_tqdm=False))
+    finally:
+        model.decode_stack = saved
+    assert stacked == layer_by_layer
