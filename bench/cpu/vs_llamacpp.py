@@ -12,7 +12,7 @@ Every prompt is different (no prefix-cache hits). Then the IDE endpoint through 
 files, a single-line completion per line (cursor mid-line, stop at the newline), P50 / P90 end to
 end, and the first request of each file (nothing cached) on its own.
 
-    .venv/bin/python -m bench.cpu.vs_llamacpp [--reps 3] [--policies PASSIVE,ACTIVE,gomp-spin,pool-no-spin] [--ide-lines 15]
+    .venv/bin/python -m bench.cpu.vs_llamacpp [--reps 3] [--policies PASSIVE,pool-no-spin] [--ide-lines 15]
 """
 from __future__ import annotations
 
