@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "bf16.h"
 #include "spin_pool.h"
 
 #include <cmath>
@@ -19,20 +20,8 @@ namespace {
 
 using bf16 = uint16_t;
 
-inline float to_f32(bf16 x) {
-  uint32_t u = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline bf16 to_bf16(float f) {  // round to nearest even, as torch does (NaN stays NaN)
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<bf16>(u >> 16);
-}
+inline float to_f32(bf16 x) { return bf16conv::to_f32(x); }
+inline bf16 to_bf16(float f) { return bf16conv::from_f32(f); }
 
 const bf16* bf16_data(const torch::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr<at::BFloat16>()); }
 bf16* bf16_data_mut(torch::Tensor& t) { return reinterpret_cast<bf16*>(t.data_ptr<at::BFloat16>()); }

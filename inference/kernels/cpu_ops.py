@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu_ops.cpp", "gguf_matmul.cpp")]   # + spin_pool.h
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_ops.cpp", "gguf_matmul.cpp")]   # + bf16.h, spin_pool.h
 
 
 @functools.cache

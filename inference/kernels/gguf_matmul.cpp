@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "bf16.h"
 #include "spin_pool.h"
 
 #include <cmath>
@@ -34,20 +35,8 @@ namespace {
 constexpr int64_t GROUP = 32, CHUNK = 4;   // values per group, groups per vector
 constexpr int64_t TILE = 8;                // activation rows sharing one unpacked chunk
 
-inline float bf16_to_f32(uint16_t x) {
-  uint32_t u = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+inline float bf16_to_f32(uint16_t x) { return bf16conv::to_f32(x); }
+inline uint16_t f32_to_bf16(float f) { return bf16conv::from_f32(f); }
 
 // One activation row, quantized per group and laid out as the kernel reads it.
 struct QuantizedRow {
