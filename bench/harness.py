@@ -1,6 +1,7 @@
 """What the benchmark scripts share: where results go and how they are written, timers (CUDA
 events, CUDA graphs, round-robin), logging, the run's provenance (git commit, CPU / GPU model,
-versions), the copy-bandwidth ceiling, and the error and percentile helpers.
+versions), the copy-bandwidth ceiling, the error and percentile helpers, and waiting for / stopping
+a server subprocess.
 
 How these are used (warm-up, repeats, medians, peers, rooflines, JSON fields):
 bench/journal/METHOD.md. torch is imported inside the functions that need it, so the CPU-only
@@ -177,3 +178,32 @@ def nearest_rank(xs: list[float], q: float) -> float | None:
         return None
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+# ---- server subprocesses ------------------------------------------------------------------------
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Poll `url` until it answers 200; RuntimeError if `proc` exits or `timeout` s pass first."""
+    import requests
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready within {timeout:.0f} s")
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it is still running after `timeout` s; reaped either way."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

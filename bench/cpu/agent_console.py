@@ -38,7 +38,17 @@ from sqlalchemy import create_engine, text
 
 from app.agents import AgentAccounts
 from app.db import Database
-from bench.harness import ROOT, cpu_model, free_port, git_commit, log, nearest_rank, result_path, write_result
+from bench.harness import (
+    ROOT,
+    cpu_model,
+    free_port,
+    git_commit,
+    log,
+    nearest_rank,
+    result_path,
+    stop_process,
+    write_result,
+)
 
 SITE = {"X-Site-Key": "demo-site-key"}
 PG_ROOT, REDIS = "postgresql+psycopg://postgres@127.0.0.1:5432/test", "redis://127.0.0.1:6379/10"
@@ -97,13 +107,7 @@ def server(config: str, tmp: Path):
         log(f"[{config}] ready in {time.monotonic() - t0:.1f} s at {url}")
         yield url, proc.pid
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         logf.close()
         if root is not None:
             with root.begin() as conn:

@@ -33,7 +33,17 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.harness import ROOT, cpu_model, free_port, git_commit, log, percentile, result_path, write_result
+from bench.harness import (
+    ROOT,
+    cpu_model,
+    free_port,
+    git_commit,
+    log,
+    percentile,
+    result_path,
+    stop_process,
+    write_result,
+)
 
 SITE_KEY = "demo-site-key"
 SENTENCE_END = re.compile(r"[.!?。！？](\s|$)")
@@ -104,11 +114,7 @@ def app_server(kb: Path, log_file, tenants_path: Path | None = None):
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 def ask(http: httpx.Client, url: str, sid: str, text: str) -> dict:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import requests
 
+from bench.harness import stop_process, wait_ready
+
 SDIST_NAME, SDIST_VERSION = "llama-cpp-python", "0.3.36"
 BINARIES = ("llama-server", "llama-bench")
 
@@ -81,28 +83,15 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         build()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {' '.join(self.cmd)}")
-            try:
-                if requests.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.__exit__()
-        raise RuntimeError("llama-server did not become healthy within 120 s")
+        try:
+            wait_ready(f"{self.url}/health", self.proc, timeout=120)
+        except RuntimeError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
+        stop_process(self.proc, 10)
 
 if __name__ == "__main__":
     print(build())

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 from pathlib import Path
 
-from bench.harness import ROOT, cpu_model, free_port, git_commit, percentile, result_path, write_result
+from bench.harness import ROOT, cpu_model, free_port, git_commit, percentile, result_path, stop_process, write_result
 from bench.workloads import Prompts, real_text_ids
 from inference import SamplingParams
 
@@ -215,13 +215,7 @@ def session(side_name: str, args, work: dict, log) -> dict:
         res = {"closed": measured(closed_loop, side, work["closed"], args.concurrency),
                "open": measured(open_loop, side, work["open"], work["arrivals"])}
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         if isinstance(side, InProcSide):
             side.eng.shutdown()                   # main() collects it before the next engine loads
     for phase, r in res.items():

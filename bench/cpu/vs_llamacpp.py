@@ -31,7 +31,17 @@ import openai
 import requests
 
 from bench.cpu.llamacpp import LlamaServer, build
-from bench.harness import ROOT, cpu_model, free_port, git_commit, nearest_rank, result_path, write_result
+from bench.harness import (
+    ROOT,
+    cpu_model,
+    free_port,
+    git_commit,
+    nearest_rank,
+    result_path,
+    stop_process,
+    wait_ready,
+    write_result,
+)
 from inference.loader.model_loader import gguf_source, resolve_model_dir
 
 THREADS = 2
@@ -121,32 +131,15 @@ def measure_server(url: str, model: str, tok, reps: int) -> dict:
             "runs": {"decode": decode, "concurrent": concurrent, "prefill": prefill, "ttft": ttft}}
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, path: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{url}{path}", timeout=1).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{url}{path} not ready within {timeout:.0f} s")
-
-
 @contextlib.contextmanager
 def process(cmd: list[str], env: dict, url: str, ready_path: str):
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        _wait_ready(url, proc, ready_path)
+        wait_ready(f"{url}{ready_path}", proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 20)
 
 
 def ours(policy: str, port: int):

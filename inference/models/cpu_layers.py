@@ -32,13 +32,19 @@ from inference.models.llama import (
 )
 
 
-class CpuRope(TorchRope):
-    """One step's RoPE: the tables and positions for the kernel, TorchRope's for the fallback."""
+class CpuRope:
+    """One step's RoPE: the fp32 tables and positions for the kernel; TorchRope's per-token tables
+    only if a layer falls back to PyTorch's ops (an int8 / fp8 KV cache)."""
 
     def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype):
-        base = RotaryEmbedding.prepare(rotary, positions, dtype)
-        super().__init__(base.cos, base.signed_sin)
-        self.positions, self.cos_table, self.sin_table = positions, rotary.cos, rotary.sin
+        self.rotary, self.positions, self.dtype = rotary, positions, dtype
+        self.cos_table, self.sin_table = rotary.cos, rotary.sin
+        self._torch: TorchRope | None = None
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        if self._torch is None:
+            self._torch = RotaryEmbedding.prepare(self.rotary, self.positions, self.dtype)
+        return self._torch.apply(x)
 
 
 class CpuRotaryEmbedding(RotaryEmbedding):
@@ -89,6 +95,7 @@ class CpuLlamaForCausalLM(LlamaForCausalLM):
     when every layer qualifies (`decode_stack`); any other step runs the layers one by one. Both
     call the same kernels in the same order: the same bits."""
     decode_stack: list[list[torch.Tensor]] | None = None
+    decodes_from_context_lens = True        # with a bf16 KV cache: the runner builds no decode mask
 
     def forward(self, input_ids, positions, kv_caches, meta):
         if (self.decode_stack is None or meta.num_decodes != input_ids.shape[0] or meta.decode_context_lens is None

@@ -40,7 +40,7 @@ LINEARS = {  # our module path -> the GGUF tensors it fuses, in our row order
 }
 
 
-def use_gguf_codes(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtype = torch.float32) -> int:
+def use_gguf_codes(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtype = torch.bfloat16) -> int:
     """Replace each decoder linear whose GGUF tensors are all 4-bit with a linear over the file's
     codes, in place: the VNNI kernel's GGUFCpuLinear (bf16 models, where it builds), else torch's
     int4 kernel. Returns how many were replaced."""

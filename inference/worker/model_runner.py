@@ -49,13 +49,17 @@ class ModelRunner(Runner):
         self.dtype = loaded.dtype
         self.device = next(self.model.parameters()).device
         self.block_size = cache.block_size
-        # Decodes on the CPU in bf16 attend over keys padded to a multiple of 16 under a mask, so a
-        # request's tokens do not depend on the batch it lands in (the flash kernel gives the same
-        # bits for a row then: tests/inference/models/test_invariant_attention.py).
-        self.invariant_decode = self.device.type == "cpu" and self.dtype == torch.bfloat16
         shape = kv_cache_shape(loaded, cache, num_blocks)
         # per layer: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim (+ 4 for int8)]
         cache_dtype = kv_cache_dtype(loaded, cache)
+        # Decodes on the CPU in bf16 attend over keys padded to a multiple of 16 under a mask, so a
+        # request's tokens do not depend on the batch it lands in (the flash kernel gives the same
+        # bits for a row then: tests/inference/models/test_invariant_attention.py). The CPU
+        # kernels' decode attention (inference/models/cpu_layers.py) reads the context lengths
+        # instead and needs no mask.
+        self.invariant_decode = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        self.decode_mask_needed = not (getattr(self.model, "decodes_from_context_lens", False)
+                                       and cache_dtype == torch.bfloat16)
         self.kv_caches = [(torch.zeros(shape, dtype=cache_dtype, device=self.device),
                            torch.zeros(shape, dtype=cache_dtype, device=self.device))
                           for _ in range(self.arch.num_hidden_layers)]
@@ -239,9 +243,9 @@ class ModelRunner(Runner):
                 dtype=torch.long, device=dev)                                            # [B, max_blocks]
             if dev.type == "cpu":
                 meta.decode_context_lens = torch.tensor(ctx, dtype=torch.long)
-            if min(ctx) != max_ctx or self.invariant_decode:
+            if self.decode_mask_needed and (min(ctx) != max_ctx or self.invariant_decode):
                 pos = torch.arange(max_blocks * bs, device=dev)
-                ctx_t = torch.tensor(ctx, device=dev)
+                ctx_t = meta.decode_context_lens if dev.type == "cpu" else torch.tensor(ctx, device=dev)
                 meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]      # [B, 1, 1, L_pad]
         start = len(decodes)
         for it in items[len(decodes):]:
