@@ -1,28 +1,27 @@
-// x @ W^T on the CPU for weights kept as GGUF's 4-bit blocks (Q4_0 / Q4_1, 32 weights sharing a
-// scale d and a value of code 0 m: w = d * q + m), with AVX-512 VNNI integer dot products, the
-// way llama.cpp runs them: each 32-value group of an activation row is quantized to int8 with its
-// own scale (dx = max|x| / 127), then
+// x @ W^T on the CPU for weights kept as GGUF blocks (Q4_0 / Q4_1: 32 weights sharing a scale d
+// and a value of code 0 m, w = d * q + m; Q8_0: w = d * q), with AVX-512 VNNI integer dot
+// products, as llama.cpp runs them: each 32-value group of an activation row is quantized to int8
+// with its own scale (dx = max|x| / 127), then, per output n,
 //
-//     y[n] = sum_g  d[n,g] * dx[g] * sum_j q[n,g,j] * qx[g,j]   +   m[n,g] * sum_j x[g,j]
+//     y[n] = sum_g  (d[n,g] * dx[g]) * sum_j q[n,g,j] * qx[g,j]   +   sum_g m[n,g] * dx[g] * sum_j qx[g,j]
 //
-// Layout (packed once at load by inference/models/gguf_cpu_linear.py), per weight row:
-//     codes  [G * 16] bytes     group g: byte i = q[i] | q[16 + i] << 4 (GGUF's own order)
-//     d, m   [G] fp16           the file's scale and minimum
-// Four groups (64 bytes) are one vector: the low nibbles are the groups' first 16 values, the high
-// nibbles the last 16; VPDPBUSD sums 4 products per int32 lane, so lane L holds group L / 4. A
-// last chunk of fewer groups is read with masked loads.
+// Weights are packed once at load (inference/models/gguf_cpu_linear.py) in blocks of 16 output
+// rows, so that one vector holds 16 outputs and no result needs a horizontal sum:
+//     Q4  codes [N / 16, G * 256] bytes: per group, 4 vectors; vector i, byte 4 * n + t holds row n's
+//         code 4i + t in its low nibble and code 16 + 4i + t in its high nibble (GGUF's byte 4i + t)
+//     Q8  codes [N / 16, G * 512] int8: per group, 8 vectors; vector i, byte 4 * n + t: code 4i + t
+//     d, m [N / 16, G, 16] fp16: the file's scales and minimums, 16 rows of a group side by side
+// VPDPBUSD multiplies the 4 bytes of a lane (one row's 4 codes) by 4 activation codes broadcast to
+// every lane. A group's dot product is exact in int32; its float sum runs over the groups in order.
 //
-// Every output row is computed by the same instruction sequence whatever the number of rows and
+// Every output is computed by the same instruction sequence whatever the number of rows and
 // whichever thread runs it: results do not depend on the batch.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
-#include "bf16.h"
 #include "spin_pool.h"
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
@@ -32,93 +31,153 @@
 
 namespace {
 
-constexpr int64_t GROUP = 32, CHUNK = 4;   // values per group, groups per vector
-constexpr int64_t TILE = 8;                // activation rows sharing one unpacked chunk
-
-inline float bf16_to_f32(uint16_t x) { return bf16conv::to_f32(x); }
-inline uint16_t f32_to_bf16(float f) { return bf16conv::from_f32(f); }
-
-// One activation row, quantized per group and laid out as the kernel reads it.
-struct QuantizedRow {
-  std::vector<int8_t> lo, hi;     // [chunks * 64]: per chunk, the 4 groups' first / last 16 values
-  std::vector<float> scale;       // [chunks * 16]: dx of the lane's group
-  std::vector<float> sum;         // [chunks * 4]: sum of the group's quantized x (the m term)
-};
-
-void quantize_row(const uint16_t* x, int64_t k, QuantizedRow& q) {
-  const int64_t groups = k / GROUP, chunks = (groups + CHUNK - 1) / CHUNK;
-  q.lo.assign(chunks * 64, 0);
-  q.hi.assign(chunks * 64, 0);
-  q.scale.assign(chunks * 16, 0.f);
-  q.sum.assign(chunks * CHUNK, 0.f);
-  float v[GROUP];
-  for (int64_t g = 0; g < k / GROUP; ++g) {
-    float amax = 0.f;
-    for (int64_t j = 0; j < GROUP; ++j) {
-      v[j] = bf16_to_f32(x[g * GROUP + j]);
-      amax = std::max(amax, std::fabs(v[j]));
-    }
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    const int64_t c = g / CHUNK, slot = g % CHUNK;
-    int32_t codes = 0;
-    for (int64_t j = 0; j < 16; ++j) {
-      const int8_t a = static_cast<int8_t>(std::nearbyint(v[j] * inv));
-      const int8_t b = static_cast<int8_t>(std::nearbyint(v[16 + j] * inv));
-      q.lo[c * 64 + slot * 16 + j] = a;
-      q.hi[c * 64 + slot * 16 + j] = b;
-      codes += a + b;
-    }
-    for (int64_t lane = 0; lane < 4; ++lane) q.scale[c * 16 + slot * 4 + lane] = amax / 127.f;
-    // the m term over the same quantized x as the d term: the product is then exactly that of
-    // the dequantized weights with the quantized row (as llama.cpp's q8_1 sums)
-    q.sum[g] = static_cast<float>(codes) * (amax / 127.f);
-  }
-}
+constexpr int64_t GROUP = 32;   // values per group
+constexpr int64_t BLOCK = 16;   // output rows per packed block (one fp32 vector)
+constexpr int64_t TILE = 6;     // activation rows sharing one unpacked group of a block
 
 #ifdef GGUF_MATMUL_VNNI
-// T activation rows against one weight row: each chunk of weights is unpacked once for the T rows.
-// A row's arithmetic is the same sequence for any T (the result does not depend on the batch).
+// Activation rows quantized per group: codes [rows, k], and per (row, group) the scale dx, the
+// sum of the codes and that sum times dx (the m term).
+struct QuantizedActs {
+  std::vector<int8_t> q;
+  std::vector<float> dx, sx;
+  std::vector<int32_t> qs;
+};
+
+inline __m512 bf16x16_to_f32(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// to nearest even, a NaN stays a NaN (bf16conv::from_f32, 16 at a time)
+inline __m256i f32x16_to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+void quantize_acts(const uint16_t* x, int64_t rows, int64_t k, QuantizedActs& a) {
+  const int64_t groups = k / GROUP;
+  a.q.resize(rows * k);
+  a.dx.resize(rows * groups);
+  a.sx.resize(rows * groups);
+  a.qs.resize(rows * groups);
+  spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint16_t* xg = x + r * k + g * GROUP;
+        const __m512 v0 = bf16x16_to_f32(xg), v1 = bf16x16_to_f32(xg + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));   // to nearest even
+        const __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+        int8_t* q = a.q.data() + r * k + g * GROUP;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(c0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(c1));
+        const int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+        const int64_t at = r * groups + g;
+        a.dx[at] = amax / 127.f;
+        a.qs[at] = s;
+        // the m term over the same quantized x as the d term (as llama.cpp's q8_1 sums)
+        a.sx[at] = static_cast<float>(s) * (amax / 127.f);
+      }
+    }
+  });
+}
+
+// One group's dot products of 8 vectors of 16 rows' codes (unsigned) with a row's 32 activation
+// codes: exact int32, one per output row.
+inline __m512i group_dot(const __m512i* u, const int8_t* xg) {
+  const int32_t* xq = reinterpret_cast<const int32_t*>(xg);
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(xq[0]));
+  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], _mm512_set1_epi32(xq[4]));
+  s0 = _mm512_dpbusd_epi32(s0, u[1], _mm512_set1_epi32(xq[1]));
+  s1 = _mm512_dpbusd_epi32(s1, u[5], _mm512_set1_epi32(xq[5]));
+  s0 = _mm512_dpbusd_epi32(s0, u[2], _mm512_set1_epi32(xq[2]));
+  s1 = _mm512_dpbusd_epi32(s1, u[6], _mm512_set1_epi32(xq[6]));
+  s0 = _mm512_dpbusd_epi32(s0, u[3], _mm512_set1_epi32(xq[3]));
+  s1 = _mm512_dpbusd_epi32(s1, u[7], _mm512_set1_epi32(xq[7]));
+  return _mm512_add_epi32(s0, s1);
+}
+
+// T activation rows (from r0) against one block of 16 output rows; the block's group is unpacked
+// once for the T rows. A row's arithmetic is the same sequence for any T.
 template <int64_t T>
-inline void q4_rows(const uint8_t* w, const uint16_t* dr, const uint16_t* mr, const QuantizedRow* qx,
-                    int64_t chunks, int64_t groups, uint16_t* out, int64_t out_stride) {
+inline void q4_block(const uint8_t* w, const uint16_t* d, const uint16_t* m, const QuantizedActs& a,
+                     int64_t r0, int64_t k, int64_t groups, uint16_t* out, int64_t out_stride) {
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[T], macc[T];
+  for (int64_t t = 0; t < T; ++t) acc[t] = macc[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i u[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i p = _mm512_loadu_si512(w + g * 256 + i * 64);
+      u[i] = _mm512_and_si512(p, nibble);
+      u[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), nibble);
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * BLOCK)));
+    const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + g * BLOCK)));
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t at = (r0 + t) * groups + g;
+      const __m512i s = group_dot(u, a.q.data() + (r0 + t) * k + g * GROUP);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dv, _mm512_set1_ps(a.dx[at])), acc[t]);
+      macc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sx[at]), macc[t]);
+    }
+  }
+  for (int64_t t = 0; t < T; ++t)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * out_stride), f32x16_to_bf16(_mm512_add_ps(acc[t], macc[t])));
+}
+
+// Q8_0: VPDPBUSD wants unsigned weights, so the codes go in as q + 128 and each row gives back
+// 128 * (the sum of its group's activation codes).
+template <int64_t T>
+inline void q8_block(const int8_t* w, const uint16_t* d, const QuantizedActs& a, int64_t r0, int64_t k,
+                     int64_t groups, uint16_t* out, int64_t out_stride) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[T];
   for (int64_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < chunks; ++c) {
-    // the last chunk may hold fewer than 4 groups: masked loads (the row's x there is 0)
-    const int64_t have = std::min(CHUNK, groups - c * CHUNK);
-    const __mmask64 bytes = have == CHUNK ? ~0ull : (1ull << (have * 16)) - 1;
-    const __m512i packed = _mm512_maskz_loadu_epi8(bytes, w + c * 64);
-    const __m512i lo = _mm512_and_si512(packed, nibble);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-    const __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << have) - 1), dr + c * CHUNK));
-    const __m512 dl = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i u[8];
+    for (int i = 0; i < 8; ++i) u[i] = _mm512_xor_si512(_mm512_loadu_si512(w + g * 512 + i * 64), flip);
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + g * BLOCK)));
     for (int64_t t = 0; t < T; ++t) {
-      const QuantizedRow& q = qx[t];
-      __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(q.lo.data() + c * 64));
-      dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(q.hi.data() + c * 64));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dl, _mm512_loadu_ps(q.scale.data() + c * 16)),
-                               acc[t]);
+      const int64_t at = (r0 + t) * groups + g;
+      const __m512i s = _mm512_sub_epi32(group_dot(u, a.q.data() + (r0 + t) * k + g * GROUP),
+                                         _mm512_set1_epi32(128 * a.qs[at]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dv, _mm512_set1_ps(a.dx[at])), acc[t]);
     }
   }
-  for (int64_t t = 0; t < T; ++t) {
-    const QuantizedRow& q = qx[t];
-    float y = _mm512_reduce_add_ps(acc[t]);
-    __m512 macc = _mm512_setzero_ps();
-    int64_t g = 0;
-    for (; g + 16 <= groups; g += 16)
-      macc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mr + g))),
-                             _mm512_loadu_ps(q.sum.data() + g), macc);
-    if (g < groups) {
-      const __mmask16 tail = static_cast<__mmask16>((1u << (groups - g)) - 1);
-      macc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, mr + g)),
-                             _mm512_maskz_loadu_ps(tail, q.sum.data() + g), macc);
-    }
-    out[t * out_stride] = f32_to_bf16(y + _mm512_reduce_add_ps(macc));
-  }
+  for (int64_t t = 0; t < T; ++t)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * out_stride), f32x16_to_bf16(acc[t]));
 }
+
+// Rows in tiles of TILE, the rest one tile of fewer rows; each block a task of the pool.
+template <typename Block>
+void run_blocks(int64_t rows, int64_t blocks, int64_t n, uint16_t* out, const Block& block) {
+  spin_pool::parallel_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      uint16_t* ob = out + b * BLOCK;
+      int64_t r0 = 0;
+      for (; r0 + TILE <= rows; r0 += TILE) block(std::integral_constant<int64_t, TILE>{}, b, r0, ob + r0 * n);
+      switch (rows - r0) {
+        case 5: block(std::integral_constant<int64_t, 5>{}, b, r0, ob + r0 * n); break;
+        case 4: block(std::integral_constant<int64_t, 4>{}, b, r0, ob + r0 * n); break;
+        case 3: block(std::integral_constant<int64_t, 3>{}, b, r0, ob + r0 * n); break;
+        case 2: block(std::integral_constant<int64_t, 2>{}, b, r0, ob + r0 * n); break;
+        case 1: block(std::integral_constant<int64_t, 1>{}, b, r0, ob + r0 * n); break;
+        default: break;
+      }
+    }
+  });
+}
+static_assert(TILE == 6, "run_blocks handles a rest of up to 5 rows");
 #endif
+
+void check_x(const torch::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x: a 2-D bf16 CPU tensor");
+}
 
 }  // namespace
 
@@ -130,105 +189,55 @@ bool gguf_matmul_available() {
 #endif
 }
 
-// x [M, K] bf16; codes uint8 [N, G * 16]; d, m fp16 [N, G] (G = K / 32) -> [M, N] bf16
+// x [M, K] bf16; codes uint8 [N / 16, G * 256]; d, m fp16 [N / 16, G, 16] (G = K / 32) -> [M, N] bf16
 torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor m) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x: a 2-D bf16 CPU tensor");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2, "codes: uint8 [N, G * 16]");
-  TORCH_CHECK(d.scalar_type() == at::kHalf && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous(),
-              "d, m: contiguous fp16 [N, G]");
-  const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0), groups = d.size(1);
-  TORCH_CHECK(k == groups * GROUP && codes.size(1) == groups * 16 && d.size(0) == n && m.sizes() == d.sizes(),
+  check_x(x);
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2, "codes: uint8 [N / 16, G * 256]");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous()
+                  && d.dim() == 3 && d.size(2) == BLOCK && m.sizes() == d.sizes(),
+              "d, m: contiguous fp16 [N / 16, G, 16]");
+  const int64_t rows = x.size(0), k = x.size(1), blocks = codes.size(0), groups = d.size(1), n = blocks * BLOCK;
+  TORCH_CHECK(k == groups * GROUP && codes.size(1) == groups * 256 && d.size(0) == blocks,
               "q4_matmul: x [M, ", k, "] does not fit the packed weight [", n, ", ", groups * GROUP, "]");
   auto xc = x.contiguous();
   auto out = torch::empty({rows, n}, x.options());
 #ifdef GGUF_MATMUL_VNNI
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  std::vector<QuantizedRow> qx(rows);
-  spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) quantize_row(xp + r * k, k, qx[r]);
-  });
+  QuantizedActs a;
+  quantize_acts(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), rows, k, a);
   const uint8_t* wp = codes.data_ptr<uint8_t>();
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>());
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t chunks = (groups + CHUNK - 1) / CHUNK;
-  spin_pool::parallel_for(0, n, 32, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const uint8_t* w = wp + row * groups * 16;
-      const uint16_t* dr = dp + row * groups;
-      const uint16_t* mr = mp + row * groups;
-      int64_t r0 = 0;
-      for (; r0 + TILE <= rows; r0 += TILE) q4_rows<TILE>(w, dr, mr, qx.data() + r0, chunks, groups, op + r0 * n + row, n);
-      for (; r0 < rows; ++r0) q4_rows<1>(w, dr, mr, qx.data() + r0, chunks, groups, op + r0 * n + row, n);
-    }
-  });
+  run_blocks(rows, blocks, n, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+             [&](auto tile, int64_t b, int64_t r0, uint16_t* o) {
+               q4_block<decltype(tile)::value>(wp + b * groups * 256, dp + b * groups * BLOCK, mp + b * groups * BLOCK,
+                                               a, r0, k, groups, o, n);
+             });
 #else
   TORCH_CHECK(false, "q4_matmul: this build has no AVX-512 VNNI");
 #endif
   return out;
 }
 
-// Q8_0: codes int8 [N, K] (w = d * q per 32 columns), d fp16 [N, G]. Two groups (64 bytes) per
-// vector; VPDPBUSD multiplies unsigned by signed bytes, so the codes go in as q + 128 and each
-// lane takes back 128 * (its four x codes), computed once per activation row.
+// Q8_0: codes int8 [N / 16, G * 512], d fp16 [N / 16, G, 16] -> [M, N] bf16
 torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x: a 2-D bf16 CPU tensor");
-  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.dim() == 2, "codes: int8 [N, K]");
-  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous(), "d: contiguous fp16 [N, G]");
-  const int64_t rows = x.size(0), k = x.size(1), n = codes.size(0), groups = d.size(1);
-  TORCH_CHECK(k == groups * GROUP && codes.size(1) == k && d.size(0) == n,
-              "q8_matmul: x [M, ", k, "] does not fit the weight [", n, ", ", codes.size(1), "]");
+  check_x(x);
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.is_contiguous() && codes.dim() == 2, "codes: int8 [N / 16, G * 512]");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 3 && d.size(2) == BLOCK,
+              "d: contiguous fp16 [N / 16, G, 16]");
+  const int64_t rows = x.size(0), k = x.size(1), blocks = codes.size(0), groups = d.size(1), n = blocks * BLOCK;
+  TORCH_CHECK(k == groups * GROUP && codes.size(1) == groups * 512 && d.size(0) == blocks,
+              "q8_matmul: x [M, ", k, "] does not fit the weight [", n, ", ", groups * GROUP, "]");
   auto xc = x.contiguous();
   auto out = torch::empty({rows, n}, x.options());
 #ifdef GGUF_MATMUL_VNNI
-  const int64_t chunks = (groups + 1) / 2;
-  std::vector<int8_t> qx(rows * chunks * 64, 0);
-  std::vector<float> dx(rows * chunks * 16, 0.f);
-  std::vector<int32_t> corr(rows * chunks * 16, 0);
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      float v[GROUP], amax = 0.f;
-      for (int64_t j = 0; j < GROUP; ++j) {
-        v[j] = bf16_to_f32(xp[r * k + g * GROUP + j]);
-        amax = std::max(amax, std::fabs(v[j]));
-      }
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int8_t* q = qx.data() + r * chunks * 64 + g * GROUP;
-      for (int64_t j = 0; j < GROUP; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
-      for (int64_t lane = 0; lane < 8; ++lane) {
-        const int64_t at = r * chunks * 16 + g * 8 + lane;
-        dx[at] = amax / 127.f;
-        corr[at] = 128 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
-      }
-    }
-  }
+  QuantizedActs a;
+  quantize_acts(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), rows, k, a);
   const int8_t* wp = codes.data_ptr<int8_t>();
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  spin_pool::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    for (int64_t row = begin; row < end; ++row) {
-      const int8_t* w = wp + row * k;
-      const uint16_t* dr = dp + row * groups;
-      for (int64_t r = 0; r < rows; ++r) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t c = 0; c < chunks; ++c) {
-          const int64_t have = std::min<int64_t>(2, groups - 2 * c);
-          const __mmask64 bytes = have == 2 ? ~0ull : (1ull << 32) - 1;
-          const __m512i u = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bytes, w + c * 64), flip);
-          const int64_t at = (r * chunks + c) * 16;
-          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(qx.data() + r * chunks * 64 + c * 64));
-          dot = _mm512_sub_epi32(dot, _mm512_loadu_si512(corr.data() + at));
-          const __m128 d2 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << have) - 1), dr + 2 * c));
-          const __m512 dl = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d2));
-          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dl, _mm512_loadu_ps(dx.data() + at)), acc);
-        }
-        op[r * n + row] = f32_to_bf16(_mm512_reduce_add_ps(acc));
-      }
-    }
-  });
+  run_blocks(rows, blocks, n, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+             [&](auto tile, int64_t b, int64_t r0, uint16_t* o) {
+               q8_block<decltype(tile)::value>(wp + b * groups * 512, dp + b * groups * BLOCK, a, r0, k, groups, o, n);
+             });
 #else
   TORCH_CHECK(false, "q8_matmul: this build has no AVX-512 VNNI");
 #endif

@@ -20,7 +20,7 @@ import torch
 
 from inference.kernels.cpu_ops import cpu_ops
 from inference.models.attention import attend_prefills
-from inference.models.gguf_cpu_linear import GGUFCpuLinear
+from inference.models.gguf_cpu_linear import BLOCK, GGUFCpuLinear
 from inference.models.llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -112,14 +112,15 @@ class CpuLlamaForCausalLM(LlamaForCausalLM):
 
 def _decode_stack(model: LlamaForCausalLM) -> list[list[torch.Tensor]] | None:
     """Each layer's tensors for decode_layers, or None when a layer does not qualify (MoE, biases,
-    linears that are not GGUF 4-bit blocks, norms of another eps)."""
+    linears that are not GGUF 4-bit blocks of whole 16-row blocks, norms of another eps)."""
     stack = []
     eps = model.norm.eps
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))
         if (not isinstance(mlp, LlamaMLP) or not isinstance(attn, CpuLlamaAttention)
-                or not all(isinstance(li, GGUFCpuLinear) and li.bias is None for li in linears)
+                or not all(isinstance(li, GGUFCpuLinear) and li.bias is None and li.out_features % BLOCK == 0
+                           for li in linears)
                 or any(n.eps != eps or n.weight.dtype != torch.bfloat16
                        for n in (layer.input_layernorm, layer.post_attention_layernorm))):
             return None

@@ -4,6 +4,9 @@ nibble order, its fp16 scales and minimums kept exactly, activations quantized t
 32-value group inside the kernel (as llama.cpp does).
 
     w = d * q + m          q in 0..15 per weight, d and m per 32 input columns
+
+The codes are packed in blocks of 16 output rows (gguf_matmul.cpp says how); a layer whose output
+count is not a multiple of 16 gets zero rows to fill its last block, cut from the result.
 """
 from __future__ import annotations
 
@@ -13,6 +16,41 @@ from torch import nn
 from inference.kernels.cpu_ops import cpu_ops
 
 GROUP = 32
+BLOCK = 16          # output rows per packed block
+
+
+def _blocked(t: torch.Tensor) -> torch.Tensor:
+    """[out, ...] -> [ceil(out / 16) * 16, ...], zero rows at the end."""
+    pad = -t.shape[0] % BLOCK
+    return t if not pad else torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
+
+
+def _pack_scales(s: torch.Tensor) -> torch.Tensor:
+    """[out, G] -> fp16 [out / 16, G, 16]: a group's 16 rows side by side."""
+    s = _blocked(s.to(torch.float16))
+    return s.view(-1, BLOCK, s.shape[1]).transpose(1, 2).contiguous()
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] in 0..15 -> uint8 [out / 16, G * 256]: per block and group, 4 vectors whose
+    byte 4 * row + t holds codes 4i + t (low nibble) and 16 + 4i + t (high nibble) of vector i."""
+    q = _blocked(q.to(torch.uint8))
+    blocks, groups = q.shape[0] // BLOCK, q.shape[1] // GROUP
+    q = q.view(blocks, BLOCK, groups, 2, 4, 4)                    # [b, row, g, half, i, t]
+    packed = q[:, :, :, 0] | (q[:, :, :, 1] << 4)                  # [b, row, g, i, t]
+    return packed.permute(0, 2, 3, 1, 4).reshape(blocks, groups * 256).contiguous()
+
+
+def pack_q8(q: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] int8 -> int8 [out / 16, G * 512]: per block and group, 8 vectors whose byte
+    4 * row + t holds code 4i + t of vector i."""
+    q = _blocked(q.to(torch.int8))
+    blocks, groups = q.shape[0] // BLOCK, q.shape[1] // GROUP
+    return q.view(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups * 512).contiguous()
+
+
+def _cut(y: torch.Tensor, out: int) -> torch.Tensor:
+    return y if y.shape[-1] == out else y[:, :out].contiguous()
 
 
 def gguf_matmul_available() -> bool:
@@ -33,16 +71,15 @@ class GGUFCpuLinear(nn.Module):
         if int(codes.max()) > 15 or int(codes.min()) < 0:
             raise ValueError("GGUFCpuLinear: codes must lie in 0..15")
         self.out_features, self.in_features = out, n
-        q = codes.to(torch.uint8).view(out, groups, GROUP)
-        self.codes = (q[..., :16] | (q[..., 16:] << 4)).reshape(out, groups * 16).contiguous()
-        self.d, self.m = scale.to(torch.float16).contiguous(), zero.to(torch.float16).contiguous()
+        self.codes = pack_q4(codes)
+        self.d, self.m = _pack_scales(scale), _pack_scales(zero)
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
         self.ops = cpu_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and self.bias is None:
-            return self.ops.q4_matmul(x, self.codes, self.d, self.m)
-        y = self.ops.q4_matmul(x.reshape(-1, self.in_features), self.codes, self.d, self.m)
+            return _cut(self.ops.q4_matmul(x, self.codes, self.d, self.m), self.out_features)
+        y = _cut(self.ops.q4_matmul(x.reshape(-1, self.in_features), self.codes, self.d, self.m), self.out_features)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -65,15 +102,13 @@ class GGUFQ8CpuLinear(nn.Module):
             raise ValueError(f"GGUFQ8CpuLinear: codes {tuple(codes.shape)} need [out, in / 32] scales, "
                              f"got {tuple(scale.shape)}")
         self.out_features, self.in_features = out, n
-        self.codes = codes.to(torch.int8).contiguous()
-        self.d = scale.to(torch.float16).contiguous()
+        self.codes = pack_q8(codes)
+        self.d = _pack_scales(scale)
         self.ops = cpu_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:
-            return self.ops.q8_matmul(x, self.codes, self.d)
-        return self.ops.q8_matmul(x.reshape(-1, self.in_features), self.codes, self.d).view(
-            *x.shape[:-1], self.out_features)
+        y = _cut(self.ops.q8_matmul(x.reshape(-1, self.in_features), self.codes, self.d), self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> int:
         return self.codes.numel() + 2 * self.d.numel()
