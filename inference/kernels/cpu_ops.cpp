@@ -258,8 +258,9 @@ torch::Tensor silu_mul(torch::Tensor x) {
 
 // gguf_matmul.cpp
 bool gguf_matmul_available();
-torch::Tensor q4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d, torch::Tensor m);
-torch::Tensor q8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor d);
+torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& codes, const std::vector<torch::Tensor>& s,
+                          const std::vector<torch::Tensor>& m, const std::vector<int64_t>& kinds,
+                          const c10::optional<torch::Tensor>& bias);
 
 namespace spin_pool {
 Pool& pool() {
@@ -277,37 +278,66 @@ Pool& pool() {
 int64_t pool_threads() { return spin_pool::pool().size(); }
 
 
+// One GGUF linear of a decode stack, read from a layer's tensor list (see decode_layers).
+struct StackLinear {
+  std::vector<torch::Tensor> codes, s, m;
+  std::vector<int64_t> kinds;
+  c10::optional<torch::Tensor> bias;
+
+  torch::Tensor operator()(const torch::Tensor& x) const { return gguf_linear(x, codes, s, m, kinds, bias); }
+};
+
+StackLinear read_linear(const std::vector<torch::Tensor>& t, size_t& ti, const std::vector<int64_t>& desc, size_t& di) {
+  TORCH_CHECK(di + 2 <= desc.size(), "decode_layers: a layer's description is too short");
+  StackLinear l;
+  const int64_t segments = desc[di++], has_bias = desc[di++];
+  TORCH_CHECK(di + segments <= desc.size() && ti + has_bias + 3 * segments <= t.size(), "decode_layers: a layer's tensors do not match its description");
+  if (has_bias) l.bias = t[ti++];
+  for (int64_t i = 0; i < segments; ++i) {
+    l.kinds.push_back(desc[di++]);
+    l.codes.push_back(t[ti++]);
+    l.s.push_back(t[ti++]);
+    l.m.push_back(t[ti++]);
+  }
+  return l;
+}
+
 // A decode step's decoder layers in one call (every token a decode; dense layers whose linears are
-// GGUF 4-bit blocks): the ops the Python layers call, in the same order, without ~12 Python calls
-// a layer. layers[i] = {input norm weight, qkv codes, d, m, o codes, d, m, post norm weight,
-// gate_up codes, d, m, down codes, d, m}. Returns (hidden, residual) before the final norm.
+// GGUF blocks): the ops the Python layers call, in the same order, without ~12 Python calls a layer.
+// layers[i] = {input norm weight, post-attention norm weight, then per linear (qkv, o, gate_up,
+// down): its bias if it has one, then codes, scales, mins per segment}; descs[i] = per linear
+// {segments, has bias, kind of each segment}. Returns (hidden, residual) before the final norm.
 std::vector<torch::Tensor> decode_layers(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& layers,
+                                         const std::vector<std::vector<int64_t>>& descs,
                                          const std::vector<torch::Tensor>& k_caches,
                                          const std::vector<torch::Tensor>& v_caches, torch::Tensor cos,
                                          torch::Tensor sin, torch::Tensor positions, torch::Tensor slots,
                                          torch::Tensor tables, torch::Tensor context, int64_t num_heads,
                                          int64_t num_kv_heads, double scale, double eps) {
-  TORCH_CHECK(k_caches.size() == layers.size() && v_caches.size() == layers.size(), "one KV cache pair per layer");
+  TORCH_CHECK(k_caches.size() == layers.size() && v_caches.size() == layers.size() && descs.size() == layers.size(),
+              "one description and one KV cache pair per layer");
   const int64_t tokens = x.size(0);
   torch::Tensor residual;
   for (size_t i = 0; i < layers.size(); ++i) {
-    const auto& l = layers[i];
-    TORCH_CHECK(l.size() == 14, "layer ", i, ": 14 tensors expected");
+    const auto& t = layers[i];
+    size_t ti = 2, di = 0;
+    const StackLinear qkv_proj = read_linear(t, ti, descs[i], di), o_proj = read_linear(t, ti, descs[i], di);
+    const StackLinear gate_up = read_linear(t, ti, descs[i], di), down = read_linear(t, ti, descs[i], di);
+    TORCH_CHECK(ti == t.size() && di == descs[i].size(), "layer ", i, ": tensors left over after its four linears");
     torch::Tensor h;
     if (i == 0) {
       residual = x;
-      h = add_rms_norm(x, c10::nullopt, l[0], eps)[0];
+      h = add_rms_norm(x, c10::nullopt, t[0], eps)[0];
     } else {
-      auto r = add_rms_norm(x, residual, l[0], eps);
+      auto r = add_rms_norm(x, residual, t[0], eps);
       h = r[0];
       residual = r[1];
     }
-    auto qkv = q4_matmul(h, l[1], l[2], l[3]);
-    auto q = rope_write_kv(qkv, cos, sin, positions, k_caches[i], v_caches[i], slots, num_heads, num_kv_heads);
+    auto q = rope_write_kv(qkv_proj(h), cos, sin, positions, k_caches[i], v_caches[i], slots, num_heads, num_kv_heads);
     auto a = paged_decode_attention(q, k_caches[i], v_caches[i], tables, context, scale);
-    auto post = add_rms_norm(q4_matmul(a.view({tokens, -1}), l[4], l[5], l[6]), residual, l[7], eps);
+    auto post = add_rms_norm(o_proj(a.view({tokens, -1})), residual, t[1], eps);
     residual = post[1];
-    x = q4_matmul(silu_mul(q4_matmul(post[0], l[8], l[9], l[10])), l[11], l[12], l[13]);
+    x = down(silu_mul(gate_up(post[0])));
   }
   return {x, residual};
 }
@@ -315,9 +345,8 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor x, const std::vector<std:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call");
   m.def("pool_threads", &pool_threads, "threads of the kernels' pool (made on first use)");
-  m.def("gguf_matmul_available", &gguf_matmul_available, "q4_matmul runs here (AVX-512 VNNI build)");
-  m.def("q4_matmul", &q4_matmul, "x @ W^T for GGUF 4-bit blocks, int8 activations, VNNI");
-  m.def("q8_matmul", &q8_matmul, "x @ W^T for GGUF Q8_0 blocks, int8 activations, VNNI");
+  m.def("gguf_matmul_available", &gguf_matmul_available, "gguf_linear runs here (AVX-512 VNNI build)");
+  m.def("gguf_linear", &gguf_linear, "x @ W^T (+ bias) for GGUF blocks, int8 activations, VNNI");
   m.def("add_rms_norm", &add_rms_norm, "x (+ residual), RMSNorm, one pass");
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k, k and v into their cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged cache");

@@ -7,7 +7,7 @@ kernels of inference/kernels/cpu_ops.cpp (as `use_triton_kernels` swaps layers o
     LlamaAttention    -> RoPE on q and k and the K/V cache write in one pass over the qkv rows;
                          decodes attend straight from the paged cache (no gathered copy of K/V)
     LlamaForCausalLM  -> a step of decodes runs all decoder layers in one C++ call when every layer's
-                         linears are GGUF 4-bit blocks (INFERENCE_CPU_DECODE_STACK=0: layer by layer)
+                         linears are GGUF blocks (INFERENCE_CPU_DECODE_STACK=0: layer by layer)
 
 Each kernel's rows depend on their own inputs only (greedy outputs stay batch-invariant). With
 another KV-cache dtype (int8, fp8), or where the kernels cannot build, the PyTorch path runs.
@@ -94,7 +94,8 @@ class CpuLlamaForCausalLM(LlamaForCausalLM):
     """A step of decodes only runs the decoder layers in one C++ call (cpu_ops.cpp decode_layers)
     when every layer qualifies (`decode_stack`); any other step runs the layers one by one. Both
     call the same kernels in the same order: the same bits."""
-    decode_stack: list[list[torch.Tensor]] | None = None
+    # (per layer: its tensors, per layer: its description), built once at load
+    decode_stack: tuple[list[list[torch.Tensor]], list[list[int]]] | None = None
     decodes_from_context_lens = True        # with a bf16 KV cache: the runner builds no decode mask
 
     def forward(self, input_ids, positions, kv_caches, meta):
@@ -103,34 +104,35 @@ class CpuLlamaForCausalLM(LlamaForCausalLM):
             return super().forward(input_ids, positions, kv_caches, meta)
         attn = self.layers[0].self_attn
         x, residual = cpu_ops().decode_layers(
-            self.embed_tokens(input_ids), self.decode_stack, [k for k, _ in kv_caches], [v for _, v in kv_caches],
+            self.embed_tokens(input_ids), *self.decode_stack, [k for k, _ in kv_caches], [v for _, v in kv_caches],
             self.rotary.cos, self.rotary.sin, positions, meta.slot_mapping, meta.decode_block_tables,
             meta.decode_context_lens, attn.num_heads, attn.num_kv_heads, attn.attn.scale, self.norm.eps)
         x, _ = self.norm.forward(x, residual)
         return x
 
 
-def _decode_stack(model: LlamaForCausalLM) -> list[list[torch.Tensor]] | None:
-    """Each layer's tensors for decode_layers, or None when a layer does not qualify (MoE, biases,
-    linears that are not GGUF 4-bit blocks of whole 16-row blocks, norms of another eps)."""
-    stack = []
+def _decode_stack(model: LlamaForCausalLM) -> tuple[list[list[torch.Tensor]], list[list[int]]] | None:
+    """Each layer's tensors and description for decode_layers, or None when a layer does not qualify
+    (MoE, linears that are not GGUF blocks of whole 16-row blocks, norms of another eps)."""
+    stack, descs = [], []
     eps = model.norm.eps
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None))
         if (not isinstance(mlp, LlamaMLP) or not isinstance(attn, CpuLlamaAttention)
-                or not all(isinstance(li, GGUFCpuLinear) and li.bias is None and li.out_features % BLOCK == 0
-                           for li in linears)
+                or not all(isinstance(li, GGUFCpuLinear) and li.out_features % BLOCK == 0 for li in linears)
                 or any(n.eps != eps or n.weight.dtype != torch.bfloat16
                        for n in (layer.input_layernorm, layer.post_attention_layernorm))):
             return None
-        stack.append([layer.input_layernorm.weight.detach(), *_blocks(linears[0]), *_blocks(linears[1]),
-                      layer.post_attention_layernorm.weight.detach(), *_blocks(linears[2]), *_blocks(linears[3])])
-    return stack
-
-
-def _blocks(linear: GGUFCpuLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return linear.codes, linear.d, linear.m
+        tensors = [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()]
+        desc: list[int] = []
+        for linear in linears:
+            t, d = linear.stack_entry()
+            tensors += t
+            desc += d
+        stack.append(tensors)
+        descs.append(desc)
+    return stack, descs
 
 
 _SWAPS = {RMSNorm: CpuRMSNorm, SiluAndMul: CpuSiluAndMul, RotaryEmbedding: CpuRotaryEmbedding,

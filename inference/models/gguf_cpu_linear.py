@@ -1,22 +1,35 @@
-"""A linear layer over GGUF 4-bit blocks on the CPU (Q4_0 / Q4_1 and our int4 checkpoints), run by
-the AVX-512 VNNI kernel of inference/kernels/gguf_matmul.cpp: the file's codes in the file's own
-nibble order, its fp16 scales and minimums kept exactly, activations quantized to int8 per
-32-value group inside the kernel (as llama.cpp does).
+"""A linear layer over a GGUF file's own quantized blocks (inference/loader/gguf_codes.py), run by
+the AVX-512 VNNI kernel of inference/kernels/gguf_matmul.cpp: codes as the file has them, scales
+and minimums exact (fp16 as in the file; fp32 products for the K types), activations quantized to
+int8 per 32-value group inside the kernel (as llama.cpp does).
 
-    w = d * q + m          q in 0..15 per weight, d and m per 32 input columns
+    w = scale * q + zero          per group of 32 input columns (16 for Q6_K)
 
-The codes are packed in blocks of 16 output rows (gguf_matmul.cpp says how); a layer whose output
-count is not a multiple of 16 gets zero rows to fill its last block, cut from the result.
+A layer is one or more row segments, each of its own type: a fused q|k|v whose v is Q8_0 and q, k
+Q5_0 keeps each part's codes. Codes are packed in blocks of 16 output rows (gguf_matmul.cpp says
+how); a segment's row count is a multiple of 16, except the last one's, which gets zero rows to
+fill its block, cut from the result.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from inference.kernels.cpu_ops import cpu_ops
+from inference.loader.gguf_codes import BlockCodes
 
 GROUP = 32
 BLOCK = 16          # output rows per packed block
+
+# file type -> (kernel kind, bit planes above the low nibble, scale dtype)
+KINDS = {
+    "Q4_0": (0, 0, torch.float16), "Q4_1": (0, 0, torch.float16),
+    "Q5_0": (1, 1, torch.float16), "Q5_1": (1, 1, torch.float16),
+    "Q4_K": (2, 0, torch.float32), "Q5_K": (3, 1, torch.float32),
+    "Q6_K": (4, 2, torch.float32), "Q8_0": (5, 0, torch.float16),
+}
+_NO_MIN = ("Q6_K", "Q8_0")
 
 
 def _blocked(t: torch.Tensor) -> torch.Tensor:
@@ -25,32 +38,47 @@ def _blocked(t: torch.Tensor) -> torch.Tensor:
     return t if not pad else torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
 
 
-def _pack_scales(s: torch.Tensor) -> torch.Tensor:
-    """[out, G] -> fp16 [out / 16, G, 16]: a group's 16 rows side by side."""
-    s = _blocked(s.to(torch.float16))
-    return s.view(-1, BLOCK, s.shape[1]).transpose(1, 2).contiguous()
+def _pack_scales(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[out, S] -> [out / 16, S, 16]: a group's 16 rows side by side; the values must be exact in dtype."""
+    packed = _blocked(s.to(dtype))
+    if not torch.equal(packed[:s.shape[0]].float(), s.float()):
+        raise ValueError(f"GGUFCpuLinear: scales or minimums are not exact in {dtype}")
+    return packed.view(-1, BLOCK, s.shape[1]).transpose(1, 2).contiguous()
 
 
-def pack_q4(q: torch.Tensor) -> torch.Tensor:
-    """codes [out, in] in 0..15 -> uint8 [out / 16, G * 256]: per block and group, 4 vectors whose
-    byte 4 * row + t holds codes 4i + t (low nibble) and 16 + 4i + t (high nibble) of vector i."""
-    q = _blocked(q.to(torch.uint8))
+def _nibbles(q: torch.Tensor) -> torch.Tensor:
+    """codes [out16, in] -> uint8 [out / 16, G, 256]: per group, 4 vectors whose byte 4 * row + t holds
+    codes 4i + t (low nibble) and 16 + 4i + t (high nibble) of vector i."""
+    q = q & 0x0F
     blocks, groups = q.shape[0] // BLOCK, q.shape[1] // GROUP
     q = q.view(blocks, BLOCK, groups, 2, 4, 4)                    # [b, row, g, half, i, t]
     packed = q[:, :, :, 0] | (q[:, :, :, 1] << 4)                  # [b, row, g, i, t]
-    return packed.permute(0, 2, 3, 1, 4).reshape(blocks, groups * 256).contiguous()
+    return packed.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)
 
 
-def pack_q8(q: torch.Tensor) -> torch.Tensor:
-    """codes [out, in] int8 -> int8 [out / 16, G * 512]: per block and group, 8 vectors whose byte
-    4 * row + t holds code 4i + t of vector i."""
-    q = _blocked(q.to(torch.int8))
+def _planes(q: torch.Tensor, planes: int) -> torch.Tensor:
+    """codes [out16, in] -> uint8 [out / 16, G, 64 * planes]: per plane p, 8 64-bit masks; mask j's bit
+    4 * row + t is bit 4 + p of code 4j + t."""
     blocks, groups = q.shape[0] // BLOCK, q.shape[1] // GROUP
-    return q.view(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups * 512).contiguous()
+    out = []
+    for p in range(planes):
+        bits = ((q >> (4 + p)) & 1).view(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4)   # [b, g, j, row, t]
+        packed = np.packbits(bits.contiguous().numpy().reshape(blocks, groups, 8, 64), axis=-1, bitorder="little")
+        out.append(torch.from_numpy(packed.reshape(blocks, groups, 64)))
+    return torch.cat(out, dim=-1)
 
 
-def _cut(y: torch.Tensor, out: int) -> torch.Tensor:
-    return y if y.shape[-1] == out else y[:, :out].contiguous()
+def pack_codes(c: BlockCodes) -> torch.Tensor:
+    """BlockCodes -> the kernel's bytes [out / 16, G * bytes per group]."""
+    if c.kind == "Q8_0":
+        q = _blocked(c.codes.to(torch.int8))
+        blocks, groups = q.shape[0] // BLOCK, q.shape[1] // GROUP
+        return q.view(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups * 512).contiguous()
+    q = _blocked(c.codes.to(torch.uint8))
+    planes = KINDS[c.kind][1]
+    parts = [_nibbles(q)] + ([_planes(q, planes)] if planes else [])
+    packed = torch.cat(parts, dim=-1)
+    return packed.reshape(packed.shape[0], -1).contiguous()
 
 
 def gguf_matmul_available() -> bool:
@@ -59,56 +87,61 @@ def gguf_matmul_available() -> bool:
 
 
 class GGUFCpuLinear(nn.Module):
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                 bias: torch.Tensor | None = None):
-        """codes [out, in] in 0..15; scale, zero [out, in / 32] (zero: the value of code 0)."""
+    """x @ W^T (+ bias) with W the row segments' codes; bf16 in and out."""
+
+    def __init__(self, parts: list[BlockCodes], bias: torch.Tensor | None = None):
         super().__init__()
-        out, n = codes.shape
-        groups = n // GROUP
-        if n % GROUP or scale.shape != (out, groups) or zero.shape != scale.shape:
-            raise ValueError(f"GGUFCpuLinear: codes {tuple(codes.shape)} need [out, in / 32] scales, got "
-                             f"{tuple(scale.shape)} / {tuple(zero.shape)}")
-        if int(codes.max()) > 15 or int(codes.min()) < 0:
-            raise ValueError("GGUFCpuLinear: codes must lie in 0..15")
-        self.out_features, self.in_features = out, n
-        self.codes = pack_q4(codes)
-        self.d, self.m = _pack_scales(scale), _pack_scales(zero)
-        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        if not parts:
+            raise ValueError("GGUFCpuLinear: at least one segment")
+        n = parts[0].codes.shape[1]
+        self.codes, self.scales, self.mins, self.kinds = [], [], [], []
+        for i, c in enumerate(parts):
+            out, cols = c.codes.shape
+            if c.kind not in KINDS:
+                raise ValueError(f"GGUFCpuLinear: segment {i} has type {c.kind}; the kernel runs {sorted(KINDS)}")
+            if cols != n or n % GROUP:
+                raise ValueError(f"GGUFCpuLinear: segment {i} has {cols} columns; every segment needs the same "
+                                 f"multiple of {GROUP} ({n})")
+            group = 16 if c.kind == "Q6_K" else GROUP
+            if c.scale.shape != (out, n // group) or c.zero.shape != c.scale.shape:
+                raise ValueError(f"GGUFCpuLinear: codes {tuple(c.codes.shape)} need [out, in / {group}] scales, "
+                                 f"got {tuple(c.scale.shape)} / {tuple(c.zero.shape)}")
+            if out % BLOCK and i != len(parts) - 1:
+                raise ValueError(f"GGUFCpuLinear: segment {i} has {out} rows; all but the last need a "
+                                 f"multiple of {BLOCK}")
+            top = 127 if c.kind == "Q8_0" else (16 << KINDS[c.kind][1]) - 1
+            if int(c.codes.max()) > top or int(c.codes.min()) < (-128 if c.kind == "Q8_0" else 0):
+                raise ValueError(f"GGUFCpuLinear: {c.kind} codes must lie in 0..{top}")
+            kind, _, sdtype = KINDS[c.kind]
+            self.kinds.append(kind)
+            self.codes.append(pack_codes(c))
+            self.scales.append(_pack_scales(c.scale, sdtype))
+            self.mins.append(torch.empty(0) if c.kind in _NO_MIN else _pack_scales(c.zero, sdtype))
+        self.out_features, self.in_features = sum(c.codes.shape[0] for c in parts), n
+        self.types = [c.kind for c in parts]
+        self.bias = None
+        if bias is not None:
+            self.bias = _blocked(bias.detach().float().reshape(-1)).contiguous()
         self.ops = cpu_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and self.bias is None:
-            return _cut(self.ops.q4_matmul(x, self.codes, self.d, self.m), self.out_features)
-        y = _cut(self.ops.q4_matmul(x.reshape(-1, self.in_features), self.codes, self.d, self.m), self.out_features)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
-
-    def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.d, self.m))
-
-    def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={GROUP}, scales=fp16"
-
-
-class GGUFQ8CpuLinear(nn.Module):
-    """A linear over GGUF Q8_0 blocks (w = d * q, q in -128..127 per weight, d per 32 input
-    columns) on the same VNNI kernel family: the file's codes and fp16 scales as they are."""
-
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor):
-        super().__init__()
-        out, n = codes.shape
-        if n % GROUP or scale.shape != (out, n // GROUP):
-            raise ValueError(f"GGUFQ8CpuLinear: codes {tuple(codes.shape)} need [out, in / 32] scales, "
-                             f"got {tuple(scale.shape)}")
-        self.out_features, self.in_features = out, n
-        self.codes = pack_q8(codes)
-        self.d = _pack_scales(scale)
-        self.ops = cpu_ops()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _cut(self.ops.q8_matmul(x.reshape(-1, self.in_features), self.codes, self.d), self.out_features)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"GGUFCpuLinear: x has {x.shape[-1]} features, the weight {self.in_features}")
+        y = self.ops.gguf_linear(x.reshape(-1, self.in_features), self.codes, self.scales, self.mins, self.kinds,
+                                 self.bias)
+        if y.shape[-1] != self.out_features:
+            y = y[:, :self.out_features].contiguous()
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
+    def stack_entry(self) -> tuple[list[torch.Tensor], list[int]]:
+        """This layer's tensors and description for cpu_ops.decode_layers."""
+        tensors = [] if self.bias is None else [self.bias]
+        for c, s, m in zip(self.codes, self.scales, self.mins):
+            tensors += [c, s, m]
+        return tensors, [len(self.kinds), int(self.bias is not None), *self.kinds]
+
     def weight_bytes(self) -> int:
-        return self.codes.numel() + 2 * self.d.numel()
+        return sum(t.numel() * t.element_size() for t in (*self.codes, *self.scales, *self.mins))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, types={self.types}"

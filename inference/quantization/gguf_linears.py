@@ -1,35 +1,37 @@
-"""Transform: a model loaded from a GGUF file gets its decoder linears back from the file's own
-4-bit codes (inference/loader/gguf_codes.py), fused as our modules are (q|k|v, gate|up), on the
-CPU's int4 kernel (inference/models/int4_cpu_linear.py). Nothing is re-quantized: the codes,
-scales and minimums are the file's.
+"""Transform: a model loaded from a GGUF file gets its decoder linears and LM head back from the
+file's own quantized codes (inference/loader/gguf_codes.py), fused as our modules are (q|k|v,
+gate|up, each part keeping its own type), on the CPU's VNNI kernel (GGUFCpuLinear). Without that
+kernel, 4-bit Q4_0 / Q4_1 layers take torch's int4 kernel (Int4CpuLinear). Nothing is re-quantized:
+the codes, scales and minimums are the file's.
 
-Tensors of other types (Q8_0 or float decoder weights) keep the dequantized weight the
-safetensors copy holds; `gguf_plan` says which layers take the codes.
+Tensors of float types keep the dequantized weight the safetensors copy holds.
 """
 from __future__ import annotations
 
 import torch
 
-from inference.loader.gguf_codes import BlockCodes, GGUFFile, unpermute_rope_rows
-from inference.models.gguf_cpu_linear import GGUFCpuLinear, GGUFQ8CpuLinear, gguf_matmul_available
+from inference.loader.gguf_codes import QUANTIZED, BlockCodes, GGUFFile, unpermute_rope_rows
+from inference.models.gguf_cpu_linear import BLOCK, GGUFCpuLinear, gguf_matmul_available
 from inference.models.int4_cpu_linear import Int4CpuLinear, Int8AsTwoInt4CpuLinear
 from inference.models.llama import LlamaForCausalLM
 
 FOUR_BIT = ("Q4_0", "Q4_1")
 
 
-def _fused(f: GGUFFile, layer: int, parts: tuple[str, ...], arch) -> BlockCodes | None:
+def _parts(f: GGUFFile, layer: int, parts: tuple[str, ...], arch, kinds: tuple[str, ...]) -> list[BlockCodes] | None:
+    """The file's codes of the tensors one of our linears fuses, in our row order, or None when one
+    is not of `kinds`."""
     names = [f"blk.{layer}.{p}.weight" for p in parts]
-    if any(n not in f.tensors or f.kind(n) not in FOUR_BIT for n in names):
+    if any(n not in f.tensors or f.kind(n) not in kinds for n in names):
         return None
     codes = []
     for part, name in zip(parts, names):
         c = f.codes(name)
-        if part in ("attn_q", "attn_k"):
+        if part in ("attn_q", "attn_k") and f.permuted_rope_rows:
             heads = arch.num_attention_heads if part == "attn_q" else arch.num_key_value_heads
             c = c.rows(unpermute_rope_rows(c.shape[0], heads))
         codes.append(c)
-    return BlockCodes.cat(codes)
+    return codes
 
 
 LINEARS = {  # our module path -> the GGUF tensors it fuses, in our row order
@@ -40,46 +42,54 @@ LINEARS = {  # our module path -> the GGUF tensors it fuses, in our row order
 }
 
 
+def _fits_segments(parts: list[BlockCodes]) -> bool:
+    return all(p.shape[0] % BLOCK == 0 for p in parts[:-1])
+
+
 def use_gguf_codes(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtype = torch.bfloat16) -> int:
-    """Replace each decoder linear whose GGUF tensors are all 4-bit with a linear over the file's
-    codes, in place: the VNNI kernel's GGUFCpuLinear (bf16 models, where it builds), else torch's
-    int4 kernel. Returns how many were replaced."""
+    """Replace each decoder linear whose GGUF tensors are quantized with a linear over the file's
+    codes, in place: the VNNI kernel's GGUFCpuLinear (bf16 models, where it builds, every type),
+    else torch's int4 kernel (Q4_0 / Q4_1 without bias). Returns how many were replaced."""
     dtype = model.embed_tokens.weight.dtype
-    vnni = gguf_matmul_available()
+    vnni = gguf_matmul_available() and dtype == torch.bfloat16
     num_replaced = 0
     for i, layer in enumerate(model.layers):
-        for (parent, name), parts in LINEARS.items():
+        for (parent, name), names in LINEARS.items():
             owner = getattr(layer, parent)
             linear = getattr(owner, name, None)
-            if not isinstance(linear, torch.nn.Linear) or linear.bias is not None:
+            if not isinstance(linear, torch.nn.Linear):
                 continue
-            codes = _fused(f, i, parts, model.arch)
-            if codes is None:
+            parts = _parts(f, i, names, model.arch, QUANTIZED if vnni else FOUR_BIT)
+            if parts is None or (vnni and not _fits_segments(parts)) or (not vnni and linear.bias is not None):
                 continue
-            if codes.shape != tuple(linear.weight.shape):
-                raise ValueError(f"GGUF layer {i} {'+'.join(parts)}: codes {codes.shape} do not match the model's "
+            shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+            if shape != tuple(linear.weight.shape):
+                raise ValueError(f"GGUF layer {i} {'+'.join(names)}: codes {shape} do not match the model's "
                                  f"{parent}.{name} {tuple(linear.weight.shape)}")
-            if vnni and dtype == torch.bfloat16:
-                setattr(owner, name, GGUFCpuLinear(codes.codes, codes.scale, codes.zero))
+            if vnni:
+                setattr(owner, name, GGUFCpuLinear(parts, linear.bias))
             else:
+                codes = BlockCodes.cat(parts)
                 setattr(owner, name, Int4CpuLinear(codes.codes, codes.scale, codes.zero, dtype, scale_dtype))
             num_replaced += 1
     return num_replaced
 
 
 def use_gguf_lm_head(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Compute the logits from the file's Q8_0 codes (its `output` tensor, or `token_embd` when the
-    embeddings are tied) instead of a 16-bit copy; True when it did."""
+    """Compute the logits from the file's codes (its `output` tensor, or `token_embd` when the
+    embeddings are tied) instead of a 16-bit copy: any quantized type on the VNNI kernel, Q8_0 on
+    torch's int4 kernel elsewhere; True when it did."""
     name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
-    if f.kind(name) != "Q8_0":
+    dtype = model.embed_tokens.weight.dtype
+    vnni = dtype == torch.bfloat16 and gguf_matmul_available()
+    if f.kind(name) not in (QUANTIZED if vnni else ("Q8_0",)):
         return False
     codes = f.codes(name)
     if codes.shape != (model.arch.vocab_size, model.arch.hidden_size):
         raise ValueError(f"GGUF {name}: codes {codes.shape} do not match the model's LM head "
                          f"({model.arch.vocab_size}, {model.arch.hidden_size})")
-    dtype = model.embed_tokens.weight.dtype
-    if dtype == torch.bfloat16 and gguf_matmul_available():
-        model.lm_head = GGUFQ8CpuLinear(codes.codes, codes.scale)
+    if vnni:
+        model.lm_head = GGUFCpuLinear([codes])
     else:
         model.lm_head = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, dtype, scale_dtype)
     return True

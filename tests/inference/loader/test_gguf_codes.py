@@ -10,34 +10,28 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
-from inference.loader.gguf_codes import BLOCK, GGUFFile, decode_blocks, unpermute_rope_rows
+from inference.loader.gguf_codes import BlockCodes, GGUFFile, decode_blocks, unpermute_rope_rows
 from inference.loader.model_loader import gguf_source
 from inference.models.int4_cpu_linear import Int4CpuLinear, int4_cpu_available
+from tests.helpers.gguf_blocks import ALL_KINDS
+from tests.helpers.gguf_blocks import random_blocks as _random_blocks
 
 needs_int4 = pytest.mark.skipif(not int4_cpu_available(), reason="torch's CPU int4 kernel does not run here")
 
 
-def _random_blocks(kind: str, out: int, n: int, seed: int) -> np.ndarray:
-    """Raw bytes of a quantized tensor with random codes and finite fp16 scales / minimums."""
-    rng = np.random.default_rng(seed)
-    g = n // BLOCK
-    d = rng.uniform(-0.05, 0.05, (out, g, 1)).astype(np.float16).view(np.uint8)
-    m = rng.uniform(-0.3, 0.3, (out, g, 1)).astype(np.float16).view(np.uint8)
-    body = rng.integers(0, 256, (out, g, 32 if kind == "Q8_0" else 16), dtype=np.uint8)
-    parts = {"Q4_0": (d, body), "Q4_1": (d, m, body), "Q8_0": (d, body)}[kind]
-    return np.concatenate(parts, axis=-1).reshape(out, -1)
+TOP_CODE = {"Q4_0": 15, "Q4_1": 15, "Q5_0": 31, "Q5_1": 31, "Q8_0": 127, "Q4_K": 15, "Q5_K": 31, "Q6_K": 63}
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_codes_dequantize_to_what_the_gguf_package_reads(kind):
-    out, n = 24, 96
-    raw = _random_blocks(kind, out, n, seed=len(kind))
+    out, n = 24, 512
+    raw = _random_blocks(kind, out, n, seed=len(kind) + ALL_KINDS.index(kind))
     codes = decode_blocks(raw, "w", kind, out, n)
     want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32)).view(out, n)
     assert codes.shape == (out, n)
-    assert torch.equal(codes.dequantized(), want)
-    if kind != "Q8_0":
-        assert int(codes.codes.max()) <= 15
+    assert torch.equal(codes.dequantized(), want)                   # bit for bit
+    assert int(codes.codes.max()) == TOP_CODE[kind]                  # every bit plane is read
+    assert int(codes.codes.min()) == (-128 if kind == "Q8_0" else 0)
 
 
 def test_a_short_tensor_is_named_as_truncated():
@@ -65,10 +59,10 @@ def _write_gguf(path, tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType 
 
 
 def test_an_unsupported_type_names_the_tensor_and_the_supported_list(tmp_path):
-    q6k = np.zeros((8, 210), dtype=np.uint8)            # 8 rows of one 256-weight Q6_K block each
-    _write_gguf(tmp_path / "k.gguf", {"blk.0.ffn_down.weight": (q6k, GGMLQuantizationType.Q6_K)})
+    q3k = np.zeros((8, 110), dtype=np.uint8)            # 8 rows of one 256-weight Q3_K block each
+    _write_gguf(tmp_path / "k.gguf", {"blk.0.ffn_down.weight": (q3k, GGMLQuantizationType.Q3_K)})
     f = GGUFFile(tmp_path / "k.gguf")
-    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_down\.weight' has type Q6_K.*supported types: F32.*Q4_1"):
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_down\.weight' has type Q3_K.*supported types: F32.*Q4_1.*Q6_K"):
         f.check_supported()
 
 
@@ -102,8 +96,9 @@ def test_the_shipped_file_s_codes_are_the_converted_model_s_weights(smollm2_dir)
     """Every weight of layer 0 as codes (q and k un-permuted, q|k|v and gate|up fused) equals
     what transformers' GGUF loader de-quantized into the safetensors copy."""
     from inference.config import ModelConfig
+    from inference.loader.gguf_codes import QUANTIZED
     from inference.loader.model_loader import plan_load
-    from inference.quantization.gguf_linears import LINEARS, _fused
+    from inference.quantization.gguf_linears import LINEARS, _parts
     f = GGUFFile(gguf_source("smollm2"))
     arch = plan_load(ModelConfig(model="smollm2")).arch
     state = load_file(str(smollm2_dir / "model.safetensors"))
@@ -112,7 +107,7 @@ def test_the_shipped_file_s_codes_are_the_converted_model_s_weights(smollm2_dir)
                 ("mlp", "gate_up_proj"): ["mlp.gate_proj", "mlp.up_proj"],
                 ("mlp", "down_proj"): ["mlp.down_proj"]}
     for key, parts in LINEARS.items():
-        codes = _fused(f, 0, parts, arch)
+        codes = BlockCodes.cat(_parts(f, 0, parts, arch, QUANTIZED))
         want = torch.cat([state[f"model.layers.0.{n}.weight"] for n in hf_names[key]])
         assert torch.allclose(codes.dequantized(), want, atol=1e-6, rtol=0), key
 
