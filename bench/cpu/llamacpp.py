@@ -9,13 +9,11 @@ AVX-512 / AMX), Release; about ten minutes on two cores the first time.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
-
-import requests
 
 from bench.harness import stop_process, wait_ready
 
@@ -37,18 +35,14 @@ def _source_dir() -> Path:
     if (src / "CMakeLists.txt").exists():
         return src
     root.mkdir(parents=True, exist_ok=True)
-    archive = root / f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
-    if not archive.exists():
-        # the sdist itself, not `pip download` (which would build its metadata with scikit-build)
-        index = requests.get(f"https://pypi.org/simple/{SDIST_NAME}/", timeout=30)
-        index.raise_for_status()
-        url = re.search(rf'href="([^"]*/{archive.name}[^"]*)"', index.text).group(1)
-        with requests.get(url, stream=True, timeout=60) as resp:
-            resp.raise_for_status()
-            with open(archive.with_suffix(".part"), "wb") as fh:
-                for chunk in resp.iter_content(1 << 20):
-                    fh.write(chunk)
-        archive.with_suffix(".part").rename(archive)
+    archives = sorted(root.glob(f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}.tar.gz"))
+    if not archives:
+        # the sdist itself, through pip's own index settings; --no-build-isolation is not needed:
+        # --no-deps with --no-binary only downloads (no metadata build for a pinned sdist)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
+                        "-d", str(root), f"{SDIST_NAME}=={SDIST_VERSION}"], check=True)
+        archives = sorted(root.glob(f"{SDIST_NAME.replace('-', '_')}-{SDIST_VERSION}.tar.gz"))
+    archive = archives[0]
     with tarfile.open(archive) as tar:
         tar.extractall(root / "sdist", filter="data")
     vendored = next((root / "sdist").glob("llama_cpp_python-*/vendor/llama.cpp"))

@@ -60,6 +60,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
         eos = self.tokenizer.eos_token_id
         self.eos_token_id = eos if eos is not None else (self.arch.eos_token_ids or [None])[0]
+        self.end_token_ids = frozenset(getattr(self.tokenizer, "end_token_ids", ())) - {self.eos_token_id}
         self.states: dict[str, RequestState] = {}                 # parent req_id -> output state
         self.children: dict[str, tuple[str, int]] = {}            # child req_id -> (parent, index)
         self._ids = itertools.count()
@@ -122,7 +123,8 @@ class LLMEngine:
             self.children[cid] = (req.request_id, i)
             self.scheduler.add_request(Request(
                 request_id=cid, prompt_token_ids=req.prompt_token_ids, sampling_params=params.for_child(i),
-                eos_token_id=self.eos_token_id, max_tokens=max_tokens, priority=req.priority))
+                eos_token_id=self.eos_token_id, max_tokens=max_tokens, priority=req.priority,
+                end_token_ids=self.end_token_ids))
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks return to the pool now (a step still in

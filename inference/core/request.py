@@ -44,6 +44,8 @@ class Request:
     sampling_params: SamplingParams
     eos_token_id: int | None
     max_tokens: int                       # resolved: never past max_model_len
+    # the vocabulary's other end-of-generation tokens (<|endoftext|> after a FIM middle, ...)
+    end_token_ids: frozenset[int] = frozenset()
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     status: RequestStatus = RequestStatus.WAITING

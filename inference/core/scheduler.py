@@ -265,7 +265,7 @@ class Scheduler:
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
         if request.num_output_tokens >= params.min_tokens:
-            if token == request.eos_token_id and not params.ignore_eos:
+            if (token == request.eos_token_id or token in request.end_token_ids) and not params.ignore_eos:
                 request.stop_reason = None
                 return RequestStatus.FINISHED_STOPPED
             if params.stop_token_ids and token in params.stop_token_ids:

@@ -15,6 +15,12 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
 
 
+# Special tokens that end a generation wherever a vocabulary has them (llama.cpp's end-of-generation
+# set): end of text / turn, and the FIM and repository separators a completion must not run past.
+END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
+              "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
 class HFTokenizer:
     """A Hugging Face tokenizer shared by request threads (encode) and the engine loop (decode).
 
@@ -27,6 +33,8 @@ class HFTokenizer:
         self.hf = AutoTokenizer.from_pretrained(str(path))
         self.eos_token_id = self.hf.eos_token_id
         self.vocab_size = len(self.hf)
+        special = {t.content: i for i, t in self.hf.added_tokens_decoder.items() if t.special}
+        self.end_token_ids = frozenset(special[t] for t in END_TOKENS if t in special)
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
