@@ -48,7 +48,7 @@ class WebSettings(BaseSettings):
     chat_rebuild_max_s: float = Field(2.0, gt=0)            # longest wait between rebuild attempts
     chat_max_turns: int = Field(48, gt=0)                   # turns in flight; more get 503
     # code completion
-    model: str = "smollm2"                                  # the model name responses report
+    model: str = "qwen2.5-coder-0.5b"                       # the model name responses report
     completion_api_keys: str = ""                           # comma-separated; hashed at startup
     completion_repo_roots: str | None = None                # os.pathsep-separated; default: the checkout
     # processes

@@ -63,13 +63,25 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = engine_config(args)                 # bad flags fail here, before anything listens
+    from inference.loader.model_loader import check_model_name
+    try:
+        check_model_name(config.model.model)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     keys = tuple(args.api_key or [k for k in os.environ.get("INFERENCE_API_KEYS", "").split(",") if k])
     server_config = ServerConfig(served_model_name=args.served_model_name or config.model.model, api_keys=keys,
                                  max_queue_len=args.max_queue_len, max_body_bytes=args.max_body_bytes)
     engines: list[OnlineEngine] = []
 
     def load() -> OnlineEngine:
-        engines.append(OnlineEngine(config=config))
+        try:
+            engines.append(OnlineEngine(config=config))
+        except ValueError as exc:
+            # a configuration error (a part package missing, a corrupt file, a bad setting) cannot
+            # heal: exit non-zero at once, as vLLM does, instead of serving a never-ready endpoint
+            logging.getLogger("inference").error("model cannot load: %s", exc)
+            os._exit(2)
         return engines[-1]
 
     from httpkit.shutdown import GracefulShutdown

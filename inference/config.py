@@ -24,7 +24,7 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "int8")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = "smollm2"
+    model: str = "qwen2.5-coder-0.5b"
     dtype: str = "auto"
     max_model_len: int | None = None
     seed: int = 0

@@ -258,7 +258,7 @@ class FallbackClient:
 def client_from_env(redis_url: str | None = None, config_path: str | None = None, **engine_args) -> FallbackClient:
     """The configured chain (configs/reliability.yaml, INFERENCE_URL, INFERENCE_STANDBY_URL,
     STANDBY_MODEL, INFERENCE_API_KEY): the primary is the HTTP service at its URL or else the
-    in-process engine on MODEL (default smollm2), then the standby if one is configured, each
+    in-process engine on MODEL (default qwen2.5-coder-0.5b), then the standby if one is configured, each
     behind a circuit breaker (state in Redis when redis_url is given)."""
     cfg = ReliabilityConfig.load(config_path)
     t = cfg.timeouts
@@ -269,7 +269,7 @@ def client_from_env(redis_url: str | None = None, config_path: str | None = None
             return HttpClient(url, key, connect_s=t.connect_s, first_token_s=t.first_token_s, total_s=t.total_s)
         return InProcessClient(model, first_token_s=t.first_token_s, total_s=t.total_s, **engine_args)
 
-    endpoints = [Endpoint("primary", build(cfg.primary_url, os.environ.get("MODEL", "smollm2")),
+    endpoints = [Endpoint("primary", build(cfg.primary_url, os.environ.get("MODEL", "qwen2.5-coder-0.5b")),
                           make_breaker("primary", cfg.breaker, redis_url))]
     if cfg.standby_url or cfg.standby_model:
         endpoints.append(Endpoint("standby", build(cfg.standby_url, cfg.standby_model or "smollm2"),

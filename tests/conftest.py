@@ -20,6 +20,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The product's default model is Qwen2.5-Coder-0.5B; tests where the model does not matter run the
+# 135M SmolLM2 (seconds to load). Tests of the real model name it.
+os.environ.setdefault("MODEL", "smollm2")
+os.environ.setdefault("INFERENCE_MODEL_MODEL", "smollm2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests drive the APIs from one address far faster than a person: the shipped per-IP and per-key
 # limits would turn later requests into 429s. tests/app/test_rate_limits.py sets its own limits.

@@ -87,6 +87,20 @@ def gguf_source(name: str) -> Path | None:
     return path if path.is_file() and path.suffix == ".gguf" else None
 
 
+def check_model_name(name: str) -> None:
+    """A ValueError for a name that can never load (not an alias, a random preset, an HF directory
+    or a .gguf file), without reading or assembling any weights: a start-up check."""
+    if name.startswith("random:"):
+        preset_config(name.removeprefix("random:"))
+        return
+    aliases = model_aliases()
+    path = Path(name).expanduser()
+    if name in aliases or (path.is_file() and path.suffix == ".gguf") or (path / "config.json").is_file():
+        return
+    raise ValueError(f"model: unknown model {name!r}; use one of {sorted(aliases)}, "
+                     "'random:<preset>', a Hugging Face model directory or a .gguf file")
+
+
 def resolve_model_dir(name: str) -> Path | None:
     """The HF-style directory holding `name`'s weights, or None for a random model."""
     if name.startswith("random:"):

@@ -33,3 +33,14 @@ def test_chat_with_default_model_answers():
     assert proc.returncode == 0, proc.stderr
     reply = proc.stdout.split("bot> ", 1)[1]
     assert len(reply.strip()) > 0
+
+
+def test_serve_exits_non_zero_at_once_on_a_model_that_cannot_load(tmp_path):
+    """A configuration error cannot heal: no endpoint that never becomes ready (as vLLM exits)."""
+    unknown = _run(["serve", "--model", "qwen2.5-coder-0.5", "--port", "1"], timeout=60)
+    assert unknown.returncode == 2 and "unknown model 'qwen2.5-coder-0.5'" in unknown.stderr
+    broken = tmp_path / "cut.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 40)             # a header, then nothing
+    from tests.helpers.net import free_port
+    cut = _run(["serve", "--model", str(broken), "--port", str(free_port())], timeout=120)
+    assert cut.returncode == 2 and "model cannot load" in cut.stderr

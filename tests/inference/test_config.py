@@ -25,7 +25,7 @@ def test_yaml_env_and_kwargs_precedence(tmp_path):
 
 def test_default_yaml_loads():
     cfg = EngineConfig.load(env={})
-    assert cfg.model.model == "smollm2" and cfg.cache.block_size == 16
+    assert cfg.model.model == "qwen2.5-coder-0.5b" and cfg.cache.block_size == 16
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -68,7 +68,7 @@ def test_profiles_layer_between_yaml_and_flags():
     high = EngineConfig.load(env={}, profile="high-throughput")
     assert low.scheduler.max_num_seqs < EngineConfig.load(env={}, profile="balanced").scheduler.max_num_seqs \
         < high.scheduler.max_num_seqs
-    assert low.model.model == "smollm2"                                  # the rest comes from engine.yaml
+    assert low.model.model == "qwen2.5-coder-0.5b"                       # the rest comes from engine.yaml
     flagged = EngineConfig.load(env={}, profile="high-throughput", max_num_seqs=3)
     assert flagged.scheduler.max_num_seqs == 3                           # explicit flags win
     assert flagged.scheduler.max_num_batched_tokens == high.scheduler.max_num_batched_tokens
