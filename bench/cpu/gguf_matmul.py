@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.harness import cpu_model, git_commit, result_path, write_result
-from inference.models.gguf_cpu_linear import GGUFCpuLinear, GGUFQ8CpuLinear, gguf_matmul_available
+from inference.loader.gguf_codes import BlockCodes
+from inference.models.gguf_cpu_linear import GGUFCpuLinear, gguf_matmul_available
 
 HIDDEN, INTER, KV = 576, 1536, 192
 LAYER_SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
@@ -43,14 +44,14 @@ def build(gen: torch.Generator):
     for _ in range(LAYERS):
         for out, k in LAYER_SHAPES:
             codes, d, m = q4_weights(out, k, gen)
-            ours.append(GGUFCpuLinear(codes, d, m))
+            ours.append(GGUFCpuLinear([BlockCodes("Q4_1", codes, d.half().float(), m.half().float())]))
             packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
             sz = torch.stack((d, m + 8 * d), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
             int4.append((packed, sz))
             dense.append((codes * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1)).to(torch.bfloat16))
     head_codes = torch.randint(-128, 128, (VOCAB, HIDDEN), generator=gen)
     head_d = torch.rand(VOCAB, HIDDEN // 32, generator=gen) * 0.001
-    head = GGUFQ8CpuLinear(head_codes, head_d)
+    head = GGUFCpuLinear([BlockCodes("Q8_0", head_codes, head_d.half().float(), torch.zeros_like(head_d))])
     head_dense = (head_codes * head_d.repeat_interleave(32, 1)).to(torch.bfloat16)
     return ours, int4, dense, head, head_dense
 
@@ -100,8 +101,9 @@ def main() -> None:
                  and not r["impl"].startswith("ours")]
         ratio = f"{min(peers) / row['ms']:.2f}x" if row["impl"].startswith("ours") else ""
         row["speedup_vs_best_peer"] = round(min(peers) / row["ms"], 3) if ratio else None
-        print(f"{row['rows']:>4} {row['part']:<8} {row['impl']:<15} {row['ms']:>9.3f} {row['gmac_s']:>8.1f} {ratio:>12}")
-    result = {"bench": "gguf_matmul", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        print(f"{row['rows']:>4} {row['part']:<8} {row['impl']:<15} {row['ms']:>9.3f} {row['gmac_s']:>8.1f} "
+              f"{ratio:>12}")
+    result = {"bench": "gguf_matmul", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
               "commit": git_commit(), "cpu": cpu_model(), "threads": args.threads, "reps": args.reps,
               "torch": torch.__version__, "table": table}
     print(f"wrote {write_result(args.out, result)}")
