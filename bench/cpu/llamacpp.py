@@ -67,11 +67,12 @@ def build() -> Path:
 class LlamaServer:
     """`llama-server` on 127.0.0.1:port serving one GGUF file through its OpenAI API."""
 
-    def __init__(self, gguf: Path, port: int, threads: int = 2, parallel: int = 16, ctx: int = 16 * 2048):
+    def __init__(self, gguf: Path, port: int, threads: int = 2, parallel: int = 16, ctx: int = 16 * 2048,
+                 alias: str = "smollm2"):
         self.url = f"http://127.0.0.1:{port}"
         self.cmd = [str(binary("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                     "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(ctx),
-                    "--no-webui", "-a", "smollm2"]
+                    "--no-webui", "-a", alias]
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:

@@ -1,7 +1,8 @@
-"""Our CPU engine against llama.cpp on the shipped GGUF file, both as OpenAI servers on 2 threads,
-measured through the same OpenAI client in one run (the peer built by bench/cpu/llamacpp.py).
+"""Our CPU engine against llama.cpp on one shipped GGUF file (--model, default the embedded default
+qwen2.5-coder-0.5b), both as OpenAI servers on 2 threads, measured through the same OpenAI client in
+one run (the peer built by bench/cpu/llamacpp.py).
 
-Per server (llama.cpp `llama-server -t 2 -np 16`, ours `python -m inference serve --model smollm2`
+Per server (llama.cpp `llama-server -t 2 -np 16`, ours `python -m inference serve --model MODEL`
 under each thread policy in --policies; the servers never run at the same time):
   batch-1 decode   one stream of 128 tokens (ignore_eos), tokens after the first / their time
   16 concurrent    16 streams x 64 tokens at once, output tokens / wall time
@@ -12,7 +13,8 @@ Every prompt is different (no prefix-cache hits). Then the IDE endpoint through 
 files, a single-line completion per line (cursor mid-line, stop at the newline), P50 / P90 end to
 end, and the first request of each file (nothing cached) on its own.
 
-    .venv/bin/python -m bench.cpu.vs_llamacpp [--reps 3] [--policies PASSIVE,pool-no-spin] [--ide-lines 15]
+    .venv/bin/python -m bench.cpu.vs_llamacpp [--model qwen2.5-coder-0.5b] [--reps 3] [--policies PASSIVE]
+                                              [--ide-lines 15]
 """
 from __future__ import annotations
 
@@ -54,9 +56,9 @@ POLICIES = {"PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}, "ACTIVE": {"OMP_WAIT_POLI
             "pool-no-spin": {"OMP_WAIT_POLICY": "PASSIVE", "INFERENCE_CPU_SPIN_US": "0"}}
 
 
-def _tokenizer():
+def _tokenizer(model: str):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(resolve_model_dir("smollm2"))
+    return AutoTokenizer.from_pretrained(resolve_model_dir(model))
 
 
 def _text_windows(tok, length: int, count: int) -> list[list[int]]:
@@ -142,8 +144,8 @@ def process(cmd: list[str], env: dict, url: str, ready_path: str):
         stop_process(proc, 20)
 
 
-def ours(policy: str, port: int):
-    cmd = [sys.executable, "-m", "inference", "serve", "--model", "smollm2", "--host", "127.0.0.1",
+def ours(model: str, policy: str, port: int):
+    cmd = [sys.executable, "-m", "inference", "serve", "--model", model, "--host", "127.0.0.1",
            "--port", str(port)]
     return process(cmd, POLICIES[policy], f"http://127.0.0.1:{port}", "/ready")
 
@@ -159,14 +161,14 @@ def _typing_positions(src: str, first_line: int, count: int) -> list[int]:
     return offsets
 
 
-def ide_latency(policy: str, lines_per_file: int) -> dict:
+def ide_latency(model: str, policy: str, lines_per_file: int) -> dict:
     """A developer typing down three files through the web app (`make run`'s process, in-process
     engine): a single-line completion (cursor mid-line, stop at the newline) per line, one at a
     time. The first request of a file has nothing cached; the others share their prompt's start
     with the one before, as typing does."""
     from pipelines import completion, knowledge_base, support_chat
     port = free_port()
-    env = {**POLICIES[policy], "DATABASE_URL": f"sqlite:///{Path('/tmp') / f'vs_llamacpp_{port}.db'}"}
+    env = {**POLICIES[policy], "MODEL": model, "DATABASE_URL": f"sqlite:///{Path('/tmp') / f'vs_llamacpp_{port}.db'}"}
     sources = [inspect.getsource(m) for m in (completion, knowledge_base, support_chat)]
     warm, cold, tokens = [], [], []
     with process([sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)], env,
@@ -192,23 +194,26 @@ def ide_latency(policy: str, lines_per_file: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="a model alias backed by a GGUF file")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default="PASSIVE", help=f"our thread policies, of {','.join(POLICIES)}")
+    ap.add_argument("--no-ide", action="store_true", help="skip the web app's IDE latency part")
     ap.add_argument("--ide-lines", type=int, default=15, help="completions per file (3 files)")
     ap.add_argument("--out", default=result_path("vs_llamacpp.json"))
     args = ap.parse_args()
     policies = args.policies.split(",")
     build()
-    tok = _tokenizer()
+    model = args.model
+    tok = _tokenizer(model)
     res = {"machine": cpu_model(), "cores": os.cpu_count(), "threads": THREADS, "commit": git_commit(),
-           "gguf": gguf_source("smollm2").name, "servers": {}, "ide": {}}
-    with LlamaServer(gguf_source("smollm2"), free_port(), threads=THREADS, parallel=16) as peer:
-        res["servers"]["llama.cpp"] = measure_server(peer.url, "smollm2", tok, args.reps)
+           "model": model, "gguf": gguf_source(model).name, "servers": {}, "ide": {}}
+    with LlamaServer(gguf_source(model), free_port(), threads=THREADS, parallel=16, alias=model) as peer:
+        res["servers"]["llama.cpp"] = measure_server(peer.url, model, tok, args.reps)
     for policy in policies:
-        with ours(policy, free_port()) as url:
-            res["servers"][f"ours {policy}"] = measure_server(url, "smollm2", tok, args.reps)
-    for policy in policies:
-        res["ide"][policy] = ide_latency(policy, args.ide_lines)
+        with ours(model, policy, free_port()) as url:
+            res["servers"][f"ours {policy}"] = measure_server(url, model, tok, args.reps)
+    for policy in policies if not args.no_ide else ():
+        res["ide"][policy] = ide_latency(model, policy, args.ide_lines)
     peer = res["servers"]["llama.cpp"]
     print("| server | batch-1 decode tok/s | 16 concurrent tok/s | prefill 512 tok/s | TTFT 1000-token chat ms |")
     print("|---|---|---|---|---|")
