@@ -28,7 +28,7 @@ import torch
 from bench.harness import cpu_model, git_commit, result_path, write_result
 from bench.workloads import Prompts, real_text_ids
 from inference.llm import LLM
-from inference.loader.model_loader import resolve_dtype, resolve_model_dir
+from inference.loader.model_loader import resolve_model_dir
 from inference.sampling_params import SamplingParams
 
 TARGETS = {"batch1_decode": 2.0, "concurrent16": 1.5}
@@ -158,7 +158,7 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM("smollm2")
     ours_load_s = time.perf_counter() - t0
-    ours_dtype = str(resolve_dtype(llm.config.model.dtype, torch.device(llm.config.model.device)))
+    ours_dtype = str(llm.engine.runner.model.embed_tokens.weight.dtype)
     model_dir = resolve_model_dir("smollm2")
     hf = {"float32": load_hf(model_dir, torch.float32), "bfloat16": load_hf(model_dir, torch.bfloat16)}
     tok = llm.get_tokenizer()

@@ -45,12 +45,25 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str, device: torch.device, gguf_codes: bool = False) -> torch.dtype:
+    """auto: bf16 on CUDA, on CPUs with bf16 arithmetic, and for a GGUF file whose codes the CPU
+    kernels run (they need no bf16 hardware: int8 dot products, bf16 only as storage); else fp32."""
     if dtype == "auto":
-        if device.type == "cuda" or _cpu_has_bf16():
+        if device.type == "cuda" or _cpu_has_bf16() or gguf_codes:
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def _gguf_kernels_run(config: ModelConfig) -> bool:
+    """The model is a GGUF file, nothing else quantizes it, and the VNNI kernels built here."""
+    import os
+    if config.quantization is not None or os.environ.get("INFERENCE_GGUF_CODES", "1") == "0":
+        return False
+    if gguf_source(config.model) is None:
+        return False
+    from inference.models.gguf_cpu_linear import gguf_matmul_available
+    return gguf_matmul_available()
 
 
 def _cpu_has_bf16() -> bool:
@@ -159,8 +172,8 @@ def plan_load(config: ModelConfig) -> LoadPlan:
         raise ValueError(f"device: {config.device!r} asked for, but PyTorch sees no CUDA device")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device: must be 'cpu' or 'cuda[:N]', got {config.device!r}")
-    dtype = resolve_dtype(config.dtype, device)
     model_dir = resolve_model_dir(config.model)
+    dtype = resolve_dtype(config.dtype, device, gguf_codes=device.type == "cpu" and _gguf_kernels_run(config))
     if model_dir is None:
         hf_config = preset_config(config.model.removeprefix("random:"))
     else:

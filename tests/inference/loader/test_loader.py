@@ -57,3 +57,18 @@ def test_bad_checkpoints_are_named(tmp_path):
         load_model(ModelConfig(model="random:tiny", max_model_len=10 ** 6))
     with pytest.raises(ValueError, match="random preset"):
         load_model(ModelConfig(model="random:nope"))
+
+
+def test_auto_dtype_is_bf16_for_gguf_codes_on_a_cpu_without_bf16(monkeypatch):
+    """An AVX-512 VNNI CPU without AVX512_BF16 (Intel Xeon family 6 model 207) still runs a GGUF
+    file on its codes: the kernels need int8 dot products, not bf16 arithmetic. Other models stay fp32."""
+    from inference.config import ModelConfig
+    from inference.loader import model_loader
+    from inference.models.gguf_cpu_linear import gguf_matmul_available
+    monkeypatch.setattr(model_loader, "_cpu_has_bf16", lambda: False)
+    gguf = model_loader.plan_load(ModelConfig(model="smollm2")).dtype
+    assert gguf == (torch.bfloat16 if gguf_matmul_available() else torch.float32)
+    assert model_loader.plan_load(ModelConfig(model="random:tiny")).dtype == torch.float32
+    assert model_loader.plan_load(ModelConfig(model="smollm2", quantization="int8")).dtype == torch.float32
+    monkeypatch.setenv("INFERENCE_GGUF_CODES", "0")
+    assert model_loader.plan_load(ModelConfig(model="smollm2")).dtype == torch.float32
