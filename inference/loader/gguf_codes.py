@@ -184,24 +184,19 @@ class GGUFFile:
     """The tensors of a GGUF file by name; a file that cannot be parsed is a ValueError."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
+        from inference.loader.gguf_reader import read_gguf
         self.path = Path(path)
         try:
-            reader = GGUFReader(self.path)
-        except (ValueError, IndexError, OSError, KeyError) as exc:   # numpy raises these on a cut file
-            raise ValueError(f"{self.path.name}: not a readable GGUF file ({type(exc).__name__}: {exc}); "
-                             "it may be truncated") from exc
-        self.tensors = {t.name: t for t in reader.tensors}
-        self.fields = reader.fields
+            self.meta, self.tensors = read_gguf(self.path)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"{self.path.name}: not a readable GGUF file ({exc}); it may be truncated") from exc
 
     def field(self, key: str):
-        f = self.fields.get(key)
-        return None if f is None else f.parts[f.data[0]].tolist()[0]
+        return self.meta.get(key)
 
     @property
     def architecture(self) -> str:
-        f = self.fields.get("general.architecture")
-        return "" if f is None else bytes(f.parts[f.data[0]]).decode()
+        return str(self.meta.get("general.architecture", ""))
 
     @property
     def permuted_rope_rows(self) -> bool:
@@ -209,12 +204,12 @@ class GGUFFile:
         return self.architecture == "llama"
 
     def kind(self, name: str) -> str:
-        return self.tensors[name].tensor_type.name
+        return self.tensors[name].type_name
 
     def codes(self, name: str) -> BlockCodes:
         """A quantized 2-D tensor [out, in] as BlockCodes (a ValueError for other types)."""
         t = self.tensors[name]
-        kind = t.tensor_type.name
+        kind = t.type_name
         if kind not in _QUANTIZED_BYTES:
             raise ValueError(f"GGUF tensor {name!r} has type {kind}; quantized execution supports "
                              f"{sorted(_QUANTIZED_BYTES)} (and loads {SUPPORTED} in all)")
@@ -224,6 +219,6 @@ class GGUFFile:
     def check_supported(self) -> None:
         """Every tensor's type is one we read, else a ValueError naming the first that is not."""
         for name, t in self.tensors.items():
-            if t.tensor_type.name not in SUPPORTED:
-                raise ValueError(f"GGUF tensor {name!r} has type {t.tensor_type.name}, which this engine does not "
+            if t.type_name not in SUPPORTED:
+                raise ValueError(f"GGUF tensor {name!r} has type {t.type_name}, which this engine does not "
                                  f"run; supported types: {', '.join(SUPPORTED)}")

@@ -153,3 +153,20 @@ def test_the_shipped_model_on_codes_drifts_no_more_than_bf16_itself(smollm2_dir)
     plain_drift = max(abs(plain[t].logprob - ref[t].logprob) for t in shared)
     print(f"top-20 logprob drift vs fp32: codes {drift:.3f}, plain bf16 {plain_drift:.3f}")
     assert drift < max(0.25, 2 * plain_drift)
+
+
+def test_the_lean_header_reader_agrees_with_the_gguf_package():
+    from gguf import GGUFReader
+
+    from inference.loader.gguf_reader import read_gguf
+    path = gguf_source("smollm2")
+    meta, tensors = read_gguf(path)
+    ref = GGUFReader(path)
+    assert [t.name for t in ref.tensors] == list(tensors)
+    for t in ref.tensors:
+        ours = tensors[t.name]
+        assert (ours.type_name, ours.shape) == (t.tensor_type.name, tuple(int(x) for x in t.shape))
+        assert np.array_equal(ours.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    f = ref.fields["general.architecture"]
+    assert meta["general.architecture"] == bytes(f.parts[f.data[0]]).decode() == "llama"
+    assert meta["llama.block_count"] == 30
