@@ -133,10 +133,19 @@ def measure_server(url: str, model: str, tok, reps: int) -> dict:
             "runs": {"decode": decode, "concurrent": concurrent, "prefill": prefill, "ttft": ttft}}
 
 
+PIDS: dict[str, int] = {}          # url -> the pid of our server there (for its RSS)
+
+
+def rss_mb(pid: int) -> float:
+    import psutil
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
 @contextlib.contextmanager
 def process(cmd: list[str], env: dict, url: str, ready_path: str):
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    PIDS[url] = proc.pid
     try:
         wait_ready(f"{url}{ready_path}", proc)
         yield url
@@ -209,21 +218,24 @@ def main() -> None:
            "model": model, "gguf": gguf_source(model).name, "servers": {}, "ide": {}}
     with LlamaServer(gguf_source(model), free_port(), threads=THREADS, parallel=16, alias=model) as peer:
         res["servers"]["llama.cpp"] = measure_server(peer.url, model, tok, args.reps)
+        res["servers"]["llama.cpp"]["rss_mb_after"] = rss_mb(peer.proc.pid)
     for policy in policies:
         with ours(model, policy, free_port()) as url:
             res["servers"][f"ours {policy}"] = measure_server(url, model, tok, args.reps)
+            res["servers"][f"ours {policy}"]["rss_mb_after"] = rss_mb(PIDS[url])   # after 16 concurrent and more
     for policy in policies if not args.no_ide else ():
         res["ide"][policy] = ide_latency(model, policy, args.ide_lines)
     peer = res["servers"]["llama.cpp"]
-    print("| server | batch-1 decode tok/s | 16 concurrent tok/s | prefill 512 tok/s | TTFT 1000-token chat ms |")
-    print("|---|---|---|---|---|")
+    print("| server | batch-1 decode tok/s | 16 concurrent tok/s | prefill 512 tok/s | TTFT 1000-token chat ms "
+          "| RSS MB after |")
+    print("|---|---|---|---|---|---|")
     for name, r in res["servers"].items():
         ratio = "" if name == "llama.cpp" else " ({:.2f}x)"
         cells = [(r[k], peer[k]) for k in ("batch1_decode_tok_s", "concurrent16_tok_s", "prefill512_tok_s")]
         print(f"| {name} | " + " | ".join(f"{v:.1f}" + ratio.format(v / p) for v, p in cells)
               + f" | {r['ttft_1000_chat_ms']:.0f}" + ("" if name == "llama.cpp" else
                                                       f" ({r['ttft_1000_chat_ms'] / peer['ttft_1000_chat_ms']:.2f}x)")
-              + " |")
+              + f" | {r['rss_mb_after']:.0f} |")
     print("\n| IDE single-line completions, web app (`make run`) | P50 ms | P90 ms | first of a file ms |")
     print("|---|---|---|---|")
     for policy, r in res["ide"].items():

@@ -281,6 +281,16 @@ def takes_gguf_codes(plan: LoadPlan, config: ModelConfig) -> bool:
             and plan.dtype == torch.bfloat16 and int4_cpu_available())
 
 
+def _release_freed_heap() -> None:
+    """Hand the heap that loading freed (dense copies replaced by codes) back to the OS (glibc)."""
+    import ctypes
+    import ctypes.util
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc: the memory is reused, not returned
+        pass
+
+
 def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
     """fold_norms: on CUDA, an unquantized model's RMSNorm weights go into the linears after them
     (inference/models/norm_folding.py: the fused batch-1 decode layers want unit norms). Not for
@@ -295,9 +305,11 @@ def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
     apply_weight_transforms(model, config)
     if takes_gguf_codes(plan, config):
         from inference.loader.gguf_codes import GGUFFile
-        from inference.quantization.gguf_linears import use_gguf_codes, use_gguf_lm_head
+        from inference.quantization.gguf_linears import use_gguf_codes, use_gguf_embedding, use_gguf_lm_head
         gguf = GGUFFile(plan.gguf_file)
         use_gguf_codes(model, gguf, GGUF_SCALE_DTYPE)
         use_gguf_lm_head(model, gguf, GGUF_SCALE_DTYPE)
+        use_gguf_embedding(model, gguf)
     apply_kernel_transforms(model, plan.dtype, plan.device)
+    _release_freed_heap()
     return LoadedModel(model, plan.arch, tokenizer, plan.max_model_len, plan.dtype, config.model)

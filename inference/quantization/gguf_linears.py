@@ -93,3 +93,20 @@ def use_gguf_lm_head(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dt
     else:
         model.lm_head = Int8AsTwoInt4CpuLinear(codes.codes, codes.scale, dtype, scale_dtype)
     return True
+
+
+def use_gguf_embedding(model: LlamaForCausalLM, f: GGUFFile) -> bool:
+    """Look token embeddings up in the file's quantized `token_embd` rows (its memory map) instead of
+    a 16-bit copy, when the LM head does not read that copy (untied, or already on codes)."""
+    from inference.loader.gguf_codes import QUANTIZED as TYPES
+    from inference.models.gguf_embedding import GGUFEmbedding
+    name = "token_embd.weight"
+    if model.lm_head is None or name not in f.tensors or f.kind(name) not in TYPES:
+        return False
+    t = f.tensors[name]
+    dim, vocab = (int(x) for x in t.shape)
+    if (vocab, dim) != (model.arch.vocab_size, model.arch.hidden_size):
+        raise ValueError(f"GGUF {name}: shape {(vocab, dim)} does not match the model's embeddings "
+                         f"({model.arch.vocab_size}, {model.arch.hidden_size})")
+    model.embed_tokens = GGUFEmbedding(t.data, f.kind(name), vocab, dim, model.embed_tokens.weight.dtype)
+    return True

@@ -6,6 +6,8 @@ computes logits only for rows that sample, and samples.
 """
 from __future__ import annotations
 
+import math
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -60,8 +62,8 @@ class ModelRunner(Runner):
         self.invariant_decode = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.decode_mask_needed = not (getattr(self.model, "decodes_from_context_lens", False)
                                        and cache_dtype == torch.bfloat16)
-        self.kv_caches = [(torch.zeros(shape, dtype=cache_dtype, device=self.device),
-                           torch.zeros(shape, dtype=cache_dtype, device=self.device))
+        self._kv_maps: list[mmap.mmap] = []       # CPU: the anonymous maps the caches live in
+        self.kv_caches = [(self._zeroed(shape, cache_dtype), self._zeroed(shape, cache_dtype))
                           for _ in range(self.arch.num_hidden_layers)]
         self.generators: dict[str, torch.Generator] = {}     # req_id -> its seeded generator
         self.rows: dict[str, tuple[Request, SamplingRow]] = {}   # req_id -> (request, its sampling row)
@@ -70,6 +72,17 @@ class ModelRunner(Runner):
         # (speculative decoding; absent for n-gram drafts, which are one-hot)
         self.draft_probs: dict[str, torch.Tensor] = {}
 
+
+    def _zeroed(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zero cache tensor. On the CPU it lives in an anonymous memory map: the kernel's zero
+        pages, resident only once a block is written (a 1 GiB cache serving a few requests then
+        costs megabytes of RSS, not a gigabyte of memset pages)."""
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        mem = mmap.mmap(-1, max(nbytes, 1))
+        self._kv_maps.append(mem)
+        return torch.frombuffer(mem, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
     def remove_requests(self, req_ids) -> None:
         for req_id in req_ids:
             self.generators.pop(req_id, None)
