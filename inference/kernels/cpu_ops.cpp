@@ -342,13 +342,15 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor x, const std::vector<std:
   return {x, residual};
 }
 
+// The kernels run without the GIL (they touch no Python object): the engine thread's step no longer
+// blocks the server's request threads, nor waits for them to hand the GIL back between ops.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call");
+  m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(), "a decode step's decoder layers in one call");
   m.def("pool_threads", &pool_threads, "threads of the kernels' pool (made on first use)");
   m.def("gguf_matmul_available", &gguf_matmul_available, "gguf_linear runs here (AVX-512 VNNI build)");
-  m.def("gguf_linear", &gguf_linear, "x @ W^T (+ bias) for GGUF blocks, int8 activations, VNNI");
-  m.def("add_rms_norm", &add_rms_norm, "x (+ residual), RMSNorm, one pass");
-  m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k, k and v into their cache slots");
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over the paged cache");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("gguf_linear", &gguf_linear, py::call_guard<py::gil_scoped_release>(), "x @ W^T (+ bias) for GGUF blocks, int8 activations, VNNI");
+  m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "x (+ residual), RMSNorm, one pass");
+  m.def("rope_write_kv", &rope_write_kv, py::call_guard<py::gil_scoped_release>(), "RoPE on q and k, k and v into their cache slots");
+  m.def("paged_decode_attention", &paged_decode_attention, py::call_guard<py::gil_scoped_release>(), "decode attention over the paged cache");
+  m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
 }
