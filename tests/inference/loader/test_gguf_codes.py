@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from inference.loader.gguf_codes import BlockCodes, GGUFFile, decode_blocks, unpermute_rope_rows
 from inference.loader.model_loader import gguf_source
+from inference.models.gguf_cpu_linear import GGUFCpuLinear, gguf_matmul_available
 from inference.models.int4_cpu_linear import Int4CpuLinear, int4_cpu_available
 from tests.helpers.gguf_blocks import ALL_KINDS
 from tests.helpers.gguf_blocks import random_blocks as _random_blocks
@@ -170,3 +171,31 @@ def test_the_lean_header_reader_agrees_with_the_gguf_package():
     f = ref.fields["general.architecture"]
     assert meta["general.architecture"] == bytes(f.parts[f.data[0]]).decode() == "llama"
     assert meta["llama.block_count"] == 30
+
+
+@pytest.mark.skipif(not gguf_matmul_available(), reason="no AVX-512 VNNI build of the GGUF kernels here")
+def test_the_default_model_runs_every_linear_on_its_codes_and_agrees_with_fp32():
+    """Qwen2.5-Coder-0.5B Q4_K_M: each decoder linear, the LM head and the embeddings on the file's
+    own blocks (Q5_0, Q8_0, Q4_K, Q6_K), teacher-forced against the fp32 dequantized model on held-out
+    code (bench/cpu/gguf_agreement.py measures 2,000+ tokens: 0.977)."""
+    from inference.config import ModelConfig
+    from inference.loader.model_loader import load_model
+    from inference.models.gguf_embedding import GGUFEmbedding
+    from inference.quantization.calibration import forward_logits, stdlib_windows
+    test = load_model(ModelConfig(model="qwen2.5-coder-0.5b", dtype="bfloat16"))
+    model = test.model
+    assert isinstance(model.embed_tokens, GGUFEmbedding) and isinstance(model.lm_head, GGUFCpuLinear)
+    types = set()
+    for layer in model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            assert isinstance(linear, GGUFCpuLinear)
+            types.update(linear.types)
+    assert types == {"Q5_0", "Q8_0", "Q4_K", "Q6_K"}
+    assert model.layers[0].self_attn.qkv_proj.bias is not None
+    ref = load_model(ModelConfig(model="qwen2.5-coder-0.5b", dtype="float32"))
+    ids = torch.tensor([[7, 151643, 1000, 23]])
+    assert torch.equal(model.embed_tokens(ids), ref.model.embed_tokens(ids).bfloat16())
+    window = stdlib_windows(test.tokenizer, "eval", 1, 256)[0]
+    got, want = forward_logits(model, window), forward_logits(ref.model, window)
+    agreement = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    assert agreement >= 0.95, agreement
