@@ -25,15 +25,25 @@
 // whichever thread runs it: results do not depend on the batch.
 #include <torch/extension.h>
 
+#include "bf16.h"
 #include "spin_pool.h"
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
+// The ISA level this build runs (inference/kernels/cpu_ops.py builds one module per level): AVX-512
+// with VNNI, or AVX2 + FMA + F16C (gguf_blocks_avx2.h). Both compute the same integers and the same
+// fp32 operations in the same order: their results are bit-identical.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
 #define GGUF_MATMUL_VNNI 1
+#define GGUF_MATMUL_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define GGUF_MATMUL_AVX2 1
+#define GGUF_MATMUL_SIMD 1
 #endif
 
 namespace {
@@ -57,7 +67,7 @@ bool f32_scales(int64_t kind) { return kind == Q4K || kind == Q5K || kind == Q6K
 bool has_min(int64_t kind) { return kind != Q6K && kind != Q8; }
 int64_t scales_per_group(int64_t kind) { return kind == Q6K ? 2 : 1; }
 
-#ifdef GGUF_MATMUL_VNNI
+#ifdef GGUF_MATMUL_SIMD
 // Activation rows quantized per group: codes [rows, k], and per (row, group) the scale dx, the
 // sum of the codes times dx (the m term), the sum of the codes and of each half's codes.
 struct QuantizedActs {
@@ -65,6 +75,13 @@ struct QuantizedActs {
   std::vector<float> dx, sx;
   std::vector<int32_t> qs, qh;   // qh [rows * groups * 2]: codes 0..15, 16..31
 };
+#endif
+
+#ifdef GGUF_MATMUL_AVX2
+#include "gguf_blocks_avx2.h"
+#endif
+
+#ifdef GGUF_MATMUL_VNNI
 
 inline __m512 bf16x16_to_f32(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -213,6 +230,9 @@ inline void q8_block(const int8_t* w, const void* d, const QuantizedActs& a, int
   store(acc, bias, out, out_stride, T);
 }
 
+#endif  // GGUF_MATMUL_VNNI
+
+#ifdef GGUF_MATMUL_SIMD
 // One segment of a linear's output rows: a kind, its packed codes and scales, where its rows go.
 struct Segment {
   int64_t kind, blocks, col0;
@@ -247,10 +267,21 @@ static_assert(TILE == 6, "the tile switch below handles a rest of up to 5 rows")
 }  // namespace
 
 bool gguf_matmul_available() {
-#ifdef GGUF_MATMUL_VNNI
+#ifdef GGUF_MATMUL_SIMD
   return true;
 #else
   return false;
+#endif
+}
+
+// The ISA level of this build's GGUF kernels: "avx512_vnni", "avx2" or "none".
+std::string gguf_matmul_isa() {
+#if defined(GGUF_MATMUL_VNNI)
+  return "avx512_vnni";
+#elif defined(GGUF_MATMUL_AVX2)
+  return "avx2";
+#else
+  return "none";
 #endif
 }
 
@@ -265,7 +296,7 @@ torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& cod
               "gguf_linear: one codes, scales, mins and kind per segment");
   const int64_t rows = x.size(0), k = x.size(1), groups = k / GROUP;
   TORCH_CHECK(k % GROUP == 0, "gguf_linear: x has ", k, " columns, not a multiple of 32");
-#ifdef GGUF_MATMUL_VNNI
+#ifdef GGUF_MATMUL_SIMD
   std::vector<Segment> segs;
   int64_t blocks = 0;
   for (size_t i = 0; i < codes.size(); ++i) {
@@ -319,6 +350,6 @@ torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& cod
   });
   return out;
 #else
-  TORCH_CHECK(false, "gguf_linear: this build has no AVX-512 VNNI");
+  TORCH_CHECK(false, "gguf_linear: this build has neither AVX-512 VNNI nor AVX2");
 #endif
 }

@@ -63,3 +63,29 @@ def test_the_one_call_decode_stack_gives_the_layer_by_layer_tokens(llm):
     finally:
         model.decode_stack = saved
     assert stacked == layer_by_layer
+
+
+def test_every_isa_level_gives_the_same_greedy_tokens():
+    """The same greedy request at each ISA level this CPU runs (INFERENCE_CPU_ISA forces the lower
+    ones), each in its own process: the same tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from inference.kernels.cpu_ops import supported_isa_levels
+    script = ("import json; from inference import LLM, SamplingParams; from inference.kernels.cpu_ops import cpu_isa; "
+              f"llm = LLM({MODEL!r}, max_model_len=1024, kv_cache_memory_bytes=64 << 20); "
+              f"out = llm.chat([{QUESTION!r}, {OTHERS[0]!r}], SamplingParams(max_tokens=32, temperature=0), "
+              "use_tqdm=False); print(json.dumps([cpu_isa(), [list(o.outputs[0].token_ids) for o in out]]))")
+    results = {}
+    for isa in supported_isa_levels():
+        proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "INFERENCE_CPU_ISA": isa},
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        ran, tokens = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert ran == isa
+        results[isa] = tokens
+    assert results, "this CPU runs no ISA level of the kernels"
+    first = next(iter(results.values()))
+    assert all(t == first for t in results.values()), {k: v[0][:8] for k, v in results.items()}

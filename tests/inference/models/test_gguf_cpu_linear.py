@@ -73,3 +73,26 @@ def test_bad_shapes_and_codes_are_value_errors():
         GGUFCpuLinear([BlockCodes("Q3_K", good.codes, good.scale, good.zero)])
     with pytest.raises(ValueError, match="x has 96 features, the weight 64"):
         GGUFCpuLinear([good])(torch.zeros(1, 96).bfloat16())
+
+
+def _lower_levels() -> list[str]:
+    from inference.kernels.cpu_ops import selected_isa, supported_isa_levels
+    levels = supported_isa_levels()
+    return levels[levels.index(selected_isa()) + 1:] if selected_isa() in levels else []
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_every_lower_isa_level_gives_the_same_bits(kind):
+    """The AVX2 build (VPMADDUBSW) against the selected one (AVX-512 VNNI here): same integers, same
+    fp32 operations in the same order. A machine with only the lowest level has nothing to compare."""
+    from inference.kernels.cpu_ops import cpu_ops_at
+    levels = _lower_levels()
+    if not levels:
+        pytest.skip("this CPU runs one ISA level only: nothing lower to compare with")
+    layer = GGUFCpuLinear([_codes(kind, 48, 512, seed=7), _codes("Q8_0", 40, 512, seed=8)], torch.randn(88))
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(6)).bfloat16() * 3
+    want = layer.ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias)
+    for isa in levels:
+        ops = cpu_ops_at(isa)
+        assert ops.gguf_matmul_isa() == isa
+        assert torch.equal(ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias), want), isa
