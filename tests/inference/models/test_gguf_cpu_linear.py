@@ -95,4 +95,5 @@ def test_every_lower_isa_level_gives_the_same_bits(kind):
     for isa in levels:
         ops = cpu_ops_at(isa)
         assert ops.gguf_matmul_isa() == isa
-        assert torch.equal(ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias), want), isa
+        got = ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias)
+        assert torch.equal(got, want), isa
