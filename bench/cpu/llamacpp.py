@@ -4,7 +4,7 @@ source of the `llama-cpp-python` sdist, cached outside the repository, and run t
 A bench tool, never a product dependency. The build is CPU-only, native (the machine's
 AVX-512 / AMX), Release; about ten minutes on two cores the first time.
 
-    .venv/bin/python -m bench.cpu.llamacpp          # build (or find) it and print the paths
+    .venv/bin/python -m bench.cpu.llamacpp [avx512_vnni] [avx2]   # build (or find) them, print the paths
 """
 from __future__ import annotations
 
@@ -25,8 +25,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LLAMACPP_CACHE_DIR", Path.home() / ".cache" / "support-bench" / "llamacpp"))
 
 
-def binary(name: str) -> Path:
-    return cache_dir() / "build" / "bin" / name
+# ISA level (ours, inference/kernels/cpu_ops.py) -> llama.cpp's build for the same level: the
+# machine's native flags for the top one, explicit GGML options (GGML_NATIVE=OFF) below it
+LEVEL_OPTIONS = {
+    "avx512_vnni": ["-DGGML_NATIVE=ON"],
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
+}
+
+
+def build_dir(level: str = "avx512_vnni") -> Path:
+    return cache_dir() / ("build" if level == "avx512_vnni" else f"build-{level}")
+
+
+def binary(name: str, level: str = "avx512_vnni") -> Path:
+    return build_dir(level) / "bin" / name
 
 
 def _source_dir() -> Path:
@@ -50,13 +63,13 @@ def _source_dir() -> Path:
     return src
 
 
-def build() -> Path:
-    """The build folder with bin/llama-server and bin/llama-bench (built on first use)."""
-    if all(binary(b).exists() for b in BINARIES):
-        return binary(BINARIES[0]).parent.parent
-    src, out = _source_dir(), cache_dir() / "build"
+def build(level: str = "avx512_vnni") -> Path:
+    """The build folder with bin/llama-server and bin/llama-bench for an ISA level (built on first use)."""
+    if all(binary(b, level).exists() for b in BINARIES):
+        return build_dir(level)
+    src, out = _source_dir(), build_dir(level)
     t0 = time.monotonic()
-    subprocess.run(["cmake", "-S", str(src), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+    subprocess.run(["cmake", "-S", str(src), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", *LEVEL_OPTIONS[level],
                     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"], check=True)
     subprocess.run(["cmake", "--build", str(out), "-j", str(os.cpu_count() or 2), "--target", *BINARIES], check=True)
@@ -68,15 +81,16 @@ class LlamaServer:
     """`llama-server` on 127.0.0.1:port serving one GGUF file through its OpenAI API."""
 
     def __init__(self, gguf: Path, port: int, threads: int = 2, parallel: int = 16, ctx: int = 16 * 2048,
-                 alias: str = "smollm2"):
+                 alias: str = "smollm2", level: str = "avx512_vnni"):
+        self.level = level
         self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [str(binary("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        self.cmd = [str(binary("llama-server", level)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                     "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(ctx),
                     "--no-webui", "-a", alias]
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:
-        build()
+        build(self.level)
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_ready(f"{self.url}/health", self.proc, timeout=120)
@@ -89,4 +103,5 @@ class LlamaServer:
         stop_process(self.proc, 10)
 
 if __name__ == "__main__":
-    print(build())
+    for level in sys.argv[1:] or ["avx512_vnni"]:
+        print(build(level))

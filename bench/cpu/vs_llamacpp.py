@@ -14,7 +14,10 @@ files, a single-line completion per line (cursor mid-line, stop at the newline),
 end, and the first request of each file (nothing cached) on its own.
 
     .venv/bin/python -m bench.cpu.vs_llamacpp [--model qwen2.5-coder-0.5b] [--reps 3] [--policies PASSIVE]
-                                              [--ide-lines 15]
+                                              [--levels avx512_vnni,avx2] [--ide-lines 15] [--no-ide]
+
+Per ISA level this CPU runs (inference/kernels/cpu_ops.py), ours forced to that level
+(INFERENCE_CPU_ISA) against llama.cpp built for the same level (bench/cpu/llamacpp.py).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from bench.harness import (
     wait_ready,
     write_result,
 )
+from inference.kernels.cpu_ops import supported_isa_levels
 from inference.loader.model_loader import gguf_source, resolve_model_dir
 
 THREADS = 2
@@ -153,10 +157,10 @@ def process(cmd: list[str], env: dict, url: str, ready_path: str):
         stop_process(proc, 20)
 
 
-def ours(model: str, policy: str, port: int):
+def ours(model: str, policy: str, port: int, level: str):
     cmd = [sys.executable, "-m", "inference", "serve", "--model", model, "--host", "127.0.0.1",
            "--port", str(port)]
-    return process(cmd, POLICIES[policy], f"http://127.0.0.1:{port}", "/ready")
+    return process(cmd, {**POLICIES[policy], "INFERENCE_CPU_ISA": level}, f"http://127.0.0.1:{port}", "/ready")
 
 
 def _typing_positions(src: str, first_line: int, count: int) -> list[int]:
@@ -217,38 +221,48 @@ def main() -> None:
     ap.add_argument("--no-ide", action="store_true", help="skip the web app's IDE latency part")
     ap.add_argument("--ide-lines", type=int, default=15, help="completions per file (3 files)")
     ap.add_argument("--out", default=result_path("vs_llamacpp.json"))
+    ap.add_argument("--levels", default=None,
+                    help="ISA levels to compare at (default: every level this CPU runs, best first)")
     args = ap.parse_args()
     policies = args.policies.split(",")
-    build()
+    levels = args.levels.split(",") if args.levels else supported_isa_levels()
+    for level in levels:
+        build(level)
     model = args.model
     tok = _tokenizer(model)
     res = {"machine": cpu_model(), "cores": os.cpu_count(), "threads": THREADS, "commit": git_commit(),
-           "model": model, "gguf": gguf_source(model).name, "servers": {}, "ide": {}}
-    with LlamaServer(gguf_source(model), free_port(), threads=THREADS, parallel=16, alias=model) as peer:
-        res["servers"]["llama.cpp"] = measure_server(peer.url, model, tok, args.reps)
-        res["servers"]["llama.cpp"]["rss_mb_after"] = rss_mb(peer.proc.pid)
-    for policy in policies:
-        with ours(model, policy, free_port()) as url:
-            res["servers"][f"ours {policy}"] = measure_server(url, model, tok, args.reps)
-            res["servers"][f"ours {policy}"]["rss_mb_after"] = rss_mb(PIDS[url])   # after 16 concurrent and more
+           "model": model, "gguf": gguf_source(model).name, "levels": levels, "servers": {}, "ide": {}}
+    for level in levels:
+        peer_name = f"llama.cpp {level}"
+        with LlamaServer(gguf_source(model), free_port(), threads=THREADS, parallel=16, alias=model,
+                         level=level) as peer:
+            res["servers"][peer_name] = {**measure_server(peer.url, model, tok, args.reps), "level": level,
+                                         "rss_mb_after": rss_mb(peer.proc.pid)}
+        for policy in policies:
+            with ours(model, policy, free_port(), level) as url:
+                res["servers"][f"ours {level} {policy}"] = {
+                    **measure_server(url, model, tok, args.reps), "level": level, "peer": peer_name,
+                    "rss_mb_after": rss_mb(PIDS[url])}            # after 16 concurrent and more
     for policy in policies if not args.no_ide else ():
         res["ide"][policy] = ide_latency(model, policy, args.ide_lines)
-    peer = res["servers"]["llama.cpp"]
+    print(f"{model} on {res['machine']}, {THREADS} threads; each row against llama.cpp built for the same level")
     print("| server | batch-1 decode tok/s | 16 concurrent tok/s | prefill 512 tok/s | TTFT 1000-token chat ms "
           "| RSS MB after |")
     print("|---|---|---|---|---|---|")
     for name, r in res["servers"].items():
-        ratio = "" if name == "llama.cpp" else " ({:.2f}x)"
+        peer = res["servers"][r.get("peer", name)]
+        mine = "peer" in r
+        ratio = " ({:.2f}x)" if mine else ""
         cells = [(r[k], peer[k]) for k in ("batch1_decode_tok_s", "concurrent16_tok_s", "prefill512_tok_s")]
         print(f"| {name} | " + " | ".join(f"{v:.1f}" + ratio.format(v / p) for v, p in cells)
-              + f" | {r['ttft_1000_chat_ms']:.0f}" + ("" if name == "llama.cpp" else
-                                                      f" ({r['ttft_1000_chat_ms'] / peer['ttft_1000_chat_ms']:.2f}x)")
+              + f" | {r['ttft_1000_chat_ms']:.0f}"
+              + (f" ({r['ttft_1000_chat_ms'] / peer['ttft_1000_chat_ms']:.2f}x)" if mine else "")
               + f" | {r['rss_mb_after']:.0f} |")
     print("\n| web app (`make run`) | batch-1 decode tok/s (vs inference serve) | IDE single-line P50 ms | P90 ms "
           "| first of a file ms |")
     print("|---|---|---|---|---|")
     for policy, r in res["ide"].items():
-        serve = res["servers"][f"ours {policy}"]["batch1_decode_tok_s"]
+        serve = res["servers"][f"ours {levels[0]} {policy}"]["batch1_decode_tok_s"]
         print(f"| {policy} | {r['web_batch1_decode_tok_s']:.1f} ({r['web_batch1_decode_tok_s'] / serve:.2f}x) "
               f"| {r['p50_ms']:.0f} | {r['p90_ms']:.0f} | " + ", ".join(f"{c:.0f}" for c in r["cold_ms"]) + " |")
     write_result(args.out, res)
