@@ -183,6 +183,9 @@ class EngineMetrics:
         self.request_generation_tokens = histogram("request_generation_tokens",
                                                    "Generated tokens of finished requests.", TOKEN_BUCKETS)
         self._tiers = _TierMetrics(r, p, m)
+        self._cpu_kernels = Gauge(f"{p}:cpu_kernels_info", "1 for the ISA level the engine's CPU kernels run at "
+                                  "(avx512_vnni, avx2, none), set once the model is loaded.",
+                                  ["model_name", "isa"], registry=r)
         # speculative decoding (vLLM's spec_decode set); stay at zero without it
         self.spec_decode_num_drafts = counter("spec_decode_num_drafts", "Steps in which a request carried drafts.")
         self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed.")
@@ -192,6 +195,10 @@ class EngineMetrics:
                                      "Draft tokens accepted, by their position in the draft.",
                                      ["model_name", "position"], registry=r)
         r.register(_MemoryCollector(p, m))
+
+    def set_cpu_isa(self, isa: str) -> None:
+        """The CPU kernels' ISA level (inference/kernels/cpu_ops.py), as an info-style gauge."""
+        self._cpu_kernels.labels(self.model_name, isa).set(1)
 
     def observe(self, stats: EngineStats) -> None:
         """Apply one engine step's stats: gauges take the latest values, cumulative scheduler totals

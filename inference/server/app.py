@@ -138,6 +138,9 @@ def create_app(engine_loader: Callable[[], OnlineEngine], config: ServerConfig) 
 
 def _watch(engine: OnlineEngine, metrics) -> None:
     engine.add_stats_listener(metrics.observe)
+    if engine.config.model.device == "cpu":
+        from inference.kernels.cpu_ops import cpu_isa
+        metrics.set_cpu_isa(cpu_isa())
     if engine.expert_load():                   # a mixture-of-experts model: per-expert load
         metrics.watch_expert_load(engine.expert_load)
 

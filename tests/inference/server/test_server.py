@@ -684,6 +684,8 @@ def test_metrics_move_by_the_right_amounts(tiny):
     assert _deltas(before, after) == expected
     assert _m(after, "inference:num_requests_running") == 0 and _m(after, "inference:kv_cache_usage_perc") == 0
     assert _m(after, "inference:process_resident_memory_bytes") > 0
+    from inference.kernels.cpu_ops import selected_isa
+    assert _m(after, "inference:cpu_kernels_info", isa=selected_isa() or "none") == 1
 
 
 def test_prefix_cache_metrics_move(tiny):
