@@ -45,11 +45,14 @@ class HFTokenizer:
         with self._lock:
             return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The model's own template (Qwen2.5's renders `tools`, OpenAI-shaped function definitions)."""
         if not self.hf.chat_template:
             raise ValueError("messages: this model's tokenizer has no chat template")
         with self._lock:
-            text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                               tools=tools)
             return self.hf.encode(text, add_special_tokens=False)
 
 
