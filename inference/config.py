@@ -57,7 +57,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_memory_bytes: int | None = None   # None: 1 GiB on the CPU, sized from free memory on a GPU
+    kv_cache_memory_bytes: int | None = None   # None: 512 MiB on the CPU, sized from free memory on a GPU
     gpu_memory_utilization: float = 0.9        # share of the GPU's memory the engine may use
     enable_prefix_caching: bool = True
     # "auto": the model's dtype; "fp8_e4m3": half the bytes of bf16 per cached token (values

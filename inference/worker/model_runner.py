@@ -75,8 +75,8 @@ class ModelRunner(Runner):
 
     def _zeroed(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A zero cache tensor. On the CPU it lives in an anonymous memory map: the kernel's zero
-        pages, resident only once a block is written (a 1 GiB cache serving a few requests then
-        costs megabytes of RSS, not a gigabyte of memset pages)."""
+        pages, resident only once a block is written (a 512 MiB cache serving a few requests then
+        costs megabytes of RSS, not half a gigabyte of memset pages)."""
         if self.device.type != "cpu":
             return torch.zeros(shape, dtype=dtype, device=self.device)
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
