@@ -104,3 +104,14 @@ def read_gguf(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
                              "bytes): it is truncated")
         tensors[name] = TensorInfo(name, qtype.name, dims, data[begin:begin + nbytes])
     return meta, tensors
+
+
+def drop_resident_pages(tensors: dict[str, TensorInfo]) -> None:
+    """Tell the kernel the file's pages read so far are not needed now (they are clean: it drops
+    them, and a later read of a row faults it back in). Loading reads every tensor once; without
+    this the whole file would stay counted in the process's RSS."""
+    import mmap
+    first = next(iter(tensors.values()), None)
+    mapped = getattr(first.data, "_mmap", None) if first is not None else None
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)

@@ -310,6 +310,8 @@ def load_model(config: ModelConfig, fold_norms: bool = True) -> LoadedModel:
         use_gguf_codes(model, gguf, GGUF_SCALE_DTYPE)
         use_gguf_lm_head(model, gguf, GGUF_SCALE_DTYPE)
         use_gguf_embedding(model, gguf)
+        from inference.loader.gguf_reader import drop_resident_pages
+        drop_resident_pages(gguf.tensors)
     apply_kernel_transforms(model, plan.dtype, plan.device)
     _release_freed_heap()
     return LoadedModel(model, plan.arch, tokenizer, plan.max_model_len, plan.dtype, config.model)
