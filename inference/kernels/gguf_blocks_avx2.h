@@ -59,15 +59,6 @@ inline void group_dot(const __m256i* u, const int8_t* xg, __m256i& lo, __m256i& 
                         _mm256_add_epi32(dot4(u[6], _mm256_set1_epi32(xq[6])), dot4(u[7], _mm256_set1_epi32(xq[7]))));
 }
 
-// byte b of the result: `bit` where bit b of m is set, else 0
-inline __m256i expand_bits(uint32_t m, __m256i bit) {
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(m)), spread);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, select), select), bit);
-}
-
 template <bool F32>
 inline __m256 load_scales8(const void* p, int64_t at, int half) {
   if constexpr (F32) return _mm256_loadu_ps(static_cast<const float*>(p) + at * BLOCK + half * 8);
@@ -105,8 +96,13 @@ inline void nibble_block(const uint8_t* w, const void* s, const void* m, const Q
       }
       for (int plane = 0; plane < P; ++plane) {
         const __m256i bit = _mm256_set1_epi8(static_cast<char>(16 << plane));
-        const uint64_t* masks = reinterpret_cast<const uint64_t*>(wg + 256 + plane * 64);
-        for (int j = 0; j < 8; ++j) u[j] = _mm256_or_si256(u[j], expand_bits(static_cast<uint32_t>(masks[j] >> (32 * h)), bit));
+        const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + plane * 64 + h * 32));
+        for (int j = 0; j < 8; ++j) {   // bit j of each byte -> bit 4 + plane
+          const int shift = 4 + plane - j;
+          const __m256i moved = shift >= 0 ? _mm256_sll_epi16(bits, _mm_cvtsi32_si128(shift))
+                                           : _mm256_srl_epi16(bits, _mm_cvtsi32_si128(-shift));
+          u[j] = _mm256_or_si256(u[j], _mm256_and_si256(moved, bit));
+        }
       }
       if constexpr (HALF) {
         const __m256 s0 = load_scales8<F32>(s, 2 * g, h), s1 = load_scales8<F32>(s, 2 * g + 1, h);

@@ -15,8 +15,8 @@
 // Weights are packed in blocks of 16 output rows, so one vector holds 16 outputs:
 //     nibble kinds, per block and group: 4 vectors (256 bytes); vector i, byte 4 * n + t holds row n's
 //         code 4i + t in its low nibble and code 16 + 4i + t in its high nibble; then, for 5- and
-//         6-bit codes, 1 or 2 bit planes of 8 x 64-bit masks: mask j, bit 4 * n + t = bit 4 (+1) of
-//         row n's code 4j + t (the byte lanes VPDPBUSD reads for vector j)
+//         6-bit codes, 1 or 2 bit planes of 64 bytes: byte 4 * n + t, bit j = bit 4 (+1) of row n's
+//         code 4j + t, so one shift and one AND put vector j's top bits in place
 //     Q8, per block and group: 8 vectors; vector i, byte 4 * n + t: code 4i + t
 //     s, m [N / 16, G (x 2 for Q6K), 16]: 16 rows of a group side by side
 // A group's dot product is exact in int32; its float sum runs over the groups in order.
@@ -177,8 +177,13 @@ inline void nibble_block(const uint8_t* w, const void* s, const void* m, const Q
     }
     for (int plane = 0; plane < P; ++plane) {
       const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << plane));
-      const __mmask64* masks = reinterpret_cast<const __mmask64*>(wg + 256 + plane * 64);
-      for (int j = 0; j < 8; ++j) u[j] = _mm512_or_si512(u[j], _mm512_maskz_mov_epi8(masks[j], bit));
+      const __m512i bits = _mm512_loadu_si512(wg + 256 + plane * 64);
+      for (int j = 0; j < 8; ++j) {     // bit j of each byte -> bit 4 + plane (16-bit shifts: the AND drops spill)
+        const int shift = 4 + plane - j;
+        const __m512i moved = shift >= 0 ? _mm512_sll_epi16(bits, _mm_cvtsi32_si128(shift))
+                                         : _mm512_srl_epi16(bits, _mm_cvtsi32_si128(-shift));
+        u[j] = _mm512_or_si512(u[j], _mm512_and_si512(moved, bit));
+      }
     }
     if constexpr (HALF) {   // Q6K: a scale per 16 values, codes offset by 32
       const __m512 s0 = load_scales<F32>(s, 2 * g), s1 = load_scales<F32>(s, 2 * g + 1);

@@ -12,7 +12,6 @@ fill its block, cut from the result.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -57,14 +56,14 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
 
 
 def _planes(q: torch.Tensor, planes: int) -> torch.Tensor:
-    """codes [out16, in] -> uint8 [out / 16, G, 64 * planes]: per plane p, 8 64-bit masks; mask j's bit
-    4 * row + t is bit 4 + p of code 4j + t."""
+    """codes [out16, in] -> uint8 [out / 16, G, 64 * planes]: per plane p, 64 bytes whose byte 4 * row + t
+    holds, in bit j, bit 4 + p of code 4j + t (the byte of vector j it tops)."""
     blocks, groups = q.shape[0] // BLOCK, q.shape[1] // GROUP
+    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(1, 1, 1, 1, 8)
     out = []
     for p in range(planes):
-        bits = ((q >> (4 + p)) & 1).view(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4)   # [b, g, j, row, t]
-        packed = np.packbits(bits.contiguous().numpy().reshape(blocks, groups, 8, 64), axis=-1, bitorder="little")
-        out.append(torch.from_numpy(packed.reshape(blocks, groups, 64)))
+        bits = ((q >> (4 + p)) & 1).view(blocks, BLOCK, groups, 8, 4).permute(0, 2, 1, 4, 3)   # [b, g, row, t, j]
+        out.append((bits * weights).sum(-1, dtype=torch.uint8).reshape(blocks, groups, 64))
     return torch.cat(out, dim=-1)
 
 
