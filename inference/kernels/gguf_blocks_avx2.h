@@ -50,13 +50,24 @@ inline __m256i dot4(__m256i u, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
 }
 
-// codes 0..15 (lo) and 16..31 (hi) of a group, 8 rows: exact int32 per row
+// codes 0..15 (lo) and 16..31 (hi) of a group, 8 rows: exact int32 per row. Codes below 32 (P <= 1)
+// keep four VPMADDUBSW pair sums in int16 before widening (4 * 2 * 31 * 127 < 2^15); 6-bit codes
+// two at a time (2 * 2 * 63 * 127 < 2^15).
+template <int P>
 inline void group_dot(const __m256i* u, const int8_t* xg, __m256i& lo, __m256i& hi) {
   const int32_t* xq = reinterpret_cast<const int32_t*>(xg);
-  lo = _mm256_add_epi32(_mm256_add_epi32(dot4(u[0], _mm256_set1_epi32(xq[0])), dot4(u[1], _mm256_set1_epi32(xq[1]))),
-                        _mm256_add_epi32(dot4(u[2], _mm256_set1_epi32(xq[2])), dot4(u[3], _mm256_set1_epi32(xq[3]))));
-  hi = _mm256_add_epi32(_mm256_add_epi32(dot4(u[4], _mm256_set1_epi32(xq[4])), dot4(u[5], _mm256_set1_epi32(xq[5]))),
-                        _mm256_add_epi32(dot4(u[6], _mm256_set1_epi32(xq[6])), dot4(u[7], _mm256_set1_epi32(xq[7]))));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i p[8];
+  for (int i = 0; i < 8; ++i) p[i] = _mm256_maddubs_epi16(u[i], _mm256_set1_epi32(xq[i]));
+  if constexpr (P <= 1) {
+    lo = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), ones);
+    hi = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])), ones);
+  } else {
+    lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), ones),
+                          _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), ones));
+    hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[4], p[5]), ones),
+                          _mm256_madd_epi16(_mm256_add_epi16(p[6], p[7]), ones));
+  }
 }
 
 template <bool F32>
@@ -109,7 +120,7 @@ inline void nibble_block(const uint8_t* w, const void* s, const void* m, const Q
         for (int64_t t = 0; t < T; ++t) {
           const int64_t at = (r0 + t) * groups + g;
           __m256i lo, hi;
-          group_dot(u, a.q.data() + (r0 + t) * k + g * GROUP, lo, hi);
+          group_dot<P>(u, a.q.data() + (r0 + t) * k + g * GROUP, lo, hi);
           lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * a.qh[2 * at]));
           hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * a.qh[2 * at + 1]));
           const __m256 dx = _mm256_set1_ps(a.dx[at]);
@@ -121,7 +132,7 @@ inline void nibble_block(const uint8_t* w, const void* s, const void* m, const Q
         for (int64_t t = 0; t < T; ++t) {
           const int64_t at = (r0 + t) * groups + g;
           __m256i lo, hi;
-          group_dot(u, a.q.data() + (r0 + t) * k + g * GROUP, lo, hi);
+          group_dot<P>(u, a.q.data() + (r0 + t) * k + g * GROUP, lo, hi);
           acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)),
                                       _mm256_mul_ps(sv, _mm256_set1_ps(a.dx[at])), acc[t][h]);
           macc[t][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a.sx[at]), macc[t][h]);
