@@ -55,7 +55,7 @@ def draft_model_config(config: SpeculativeConfig, target: ModelConfig) -> ModelC
 
 class DraftModelProposer:
     def __init__(self, config: SpeculativeConfig, engine):
-        from inference.worker.kv_sizing import CPU_KV_CACHE_BYTES, num_kv_blocks
+        from inference.worker.kv_sizing import default_cpu_kv_bytes, num_kv_blocks
         from inference.worker.model_runner import ModelRunner
         if engine.runner.device.type != "cpu":
             raise ValueError(f"speculative_config.method {config.method!r}: draft models run on the CPU path "
@@ -71,7 +71,7 @@ class DraftModelProposer:
                              f"than the target's max_model_len {engine.max_model_len}")
         cache = CacheConfig(block_size=engine.config.cache.block_size, enable_prefix_caching=False)
         kv_bytes = (config.draft_kv_cache_memory_bytes or engine.config.cache.kv_cache_memory_bytes
-                    or CPU_KV_CACHE_BYTES)
+                    or default_cpu_kv_bytes(loaded, cache))
         num_blocks = num_kv_blocks(loaded, cache, kv_bytes, "speculative_config.draft_kv_cache_memory_bytes")
         self.runner = ModelRunner(loaded, cache, num_blocks, engine.config.model.seed + 1)
         self.block_manager = BlockManager(num_blocks, cache.block_size, enable_prefix_caching=False)

@@ -1,6 +1,6 @@
 """How many KV blocks a runner gets, and what one block costs.
 
-On the CPU the cache takes `kv_cache_memory_bytes` (512 MiB by default). On CUDA it takes an
+On the CPU the cache takes `kv_cache_memory_bytes` (512 MiB by default, or one max_model_len sequence if more). On CUDA it takes an
 explicit `kv_cache_memory_bytes`, else what `gpu_memory_utilization` leaves after the weights and
 the activation peak of the largest step, measured by running that step once.
 """
@@ -20,7 +20,7 @@ from inference.worker.sampler import SamplingRow, sample
 
 log = logging.getLogger(__name__)
 
-CPU_KV_CACHE_BYTES = 1 << 29          # default KV cache on the CPU (Qwen2.5-0.5B: 43k tokens)
+CPU_KV_CACHE_BYTES = 1 << 29          # default KV cache on the CPU (Qwen2.5-0.5B: 43k tokens), at least one sequence
 
 
 def kv_cache_dtype(loaded: LoadedModel, cache: CacheConfig) -> torch.dtype:
@@ -40,6 +40,13 @@ def kv_bytes_per_block(loaded: LoadedModel, cache: CacheConfig) -> int:
     dtype_bytes = torch.tensor([], dtype=kv_cache_dtype(loaded, cache)).element_size()
     _, block_size, heads, width = kv_cache_shape(loaded, cache, 1)
     return 2 * loaded.arch.num_hidden_layers * block_size * heads * width * dtype_bytes
+
+
+def default_cpu_kv_bytes(loaded: LoadedModel, cache: CacheConfig) -> int:
+    """The CPU cache when none is set: CPU_KV_CACHE_BYTES, or one max-length sequence if that is more
+    (Qwen2.5-Coder-1.5B at 32k tokens: 896 MiB)."""
+    needed = -(-loaded.max_model_len // cache.block_size)
+    return max(CPU_KV_CACHE_BYTES, needed * kv_bytes_per_block(loaded, cache))
 
 
 def num_kv_blocks(loaded: LoadedModel, cache: CacheConfig, kv_bytes: int, source: str) -> int:

@@ -7,7 +7,7 @@ import torch
 
 from inference.config import EngineConfig
 from inference.loader.model_loader import LoadedModel
-from inference.worker.kv_sizing import CPU_KV_CACHE_BYTES, num_kv_blocks, size_kv_cache
+from inference.worker.kv_sizing import default_cpu_kv_bytes, num_kv_blocks, size_kv_cache
 from inference.worker.model_runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def build_runner(loaded: LoadedModel, config: EngineConfig, comm: TPComm | None 
         runner: ModelRunner = CudaModelRunner(loaded, cache, config.scheduler, num_blocks, config.model.seed,
                                               config.model.enforce_eager)
     else:
-        kv_bytes = cache.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES
+        kv_bytes = cache.kv_cache_memory_bytes or default_cpu_kv_bytes(loaded, cache)
         runner = ModelRunner(loaded, cache, agreed(num_kv_blocks(loaded, cache, kv_bytes, "kv_cache_memory_bytes")),
                              config.model.seed)
     if comm is None:

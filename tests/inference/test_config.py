@@ -74,3 +74,27 @@ def test_profiles_layer_between_yaml_and_flags():
     assert flagged.scheduler.max_num_batched_tokens == high.scheduler.max_num_batched_tokens
     with pytest.raises(ValueError, match="^profile.*low-latency"):
         EngineConfig.load(env={}, profile="fastest")
+
+
+def test_the_cpu_kv_default_holds_one_full_length_sequence():
+    """Qwen2.5-Coder-1.5B at its 32k context needs 896 MiB of KV: the 512 MiB default grows to fit it,
+    while a smaller model keeps 512 MiB; an explicit size that cannot hold one sequence still fails."""
+    import torch
+
+    from inference.config import CacheConfig
+    from inference.loader.presets import preset_config
+    from inference.models.arch import ModelArch
+    from inference.worker.kv_sizing import CPU_KV_CACHE_BYTES, default_cpu_kv_bytes, num_kv_blocks
+
+    class Loaded:                       # what the sizing reads of a LoadedModel
+        def __init__(self, preset, max_len):
+            self.arch = ModelArch.from_hf_config(preset_config(preset))
+            self.max_model_len, self.dtype = max_len, torch.bfloat16
+
+    cache = CacheConfig()
+    big = Loaded("qwen2-7b", 32768)                 # 28 layers, 4 KV heads of 128: 56 KiB a token
+    assert default_cpu_kv_bytes(big, cache) == 32768 * 28 * 2 * 4 * 128 * 2 > CPU_KV_CACHE_BYTES
+    assert num_kv_blocks(big, cache, default_cpu_kv_bytes(big, cache), "x") == 2048
+    assert default_cpu_kv_bytes(Loaded("smollm2-135m", 2048), cache) == CPU_KV_CACHE_BYTES
+    with pytest.raises(ValueError, match="raise kv_cache_memory_bytes"):
+        num_kv_blocks(big, cache, CPU_KV_CACHE_BYTES, "kv_cache_memory_bytes")
