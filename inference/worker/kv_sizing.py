@@ -1,8 +1,9 @@
 """How many KV blocks a runner gets, and what one block costs.
 
 On the CPU the cache takes `kv_cache_memory_bytes` (512 MiB by default, or one max_model_len
-sequence if more). On CUDA it takes an explicit `kv_cache_memory_bytes`, else what `gpu_memory_utilization` leaves after the weights and
-the activation peak of the largest step, measured by running that step once.
+sequence if more). On CUDA it takes an explicit `kv_cache_memory_bytes`, else what
+`gpu_memory_utilization` leaves after the weights and the activation peak of the largest step,
+measured by running that step once.
 """
 from __future__ import annotations
 
