@@ -258,9 +258,10 @@ def main() -> None:
               + f" | {r['ttft_1000_chat_ms']:.0f}"
               + (f" ({r['ttft_1000_chat_ms'] / peer['ttft_1000_chat_ms']:.2f}x)" if mine else "")
               + f" | {r['rss_mb_after']:.0f} |")
-    print("\n| web app (`make run`) | batch-1 decode tok/s (vs inference serve) | IDE single-line P50 ms | P90 ms "
-          "| first of a file ms |")
-    print("|---|---|---|---|---|")
+    if res["ide"]:
+        print("\n| web app (`make run`) | batch-1 decode tok/s (vs inference serve) | IDE single-line P50 ms "
+              "| P90 ms | first of a file ms |")
+        print("|---|---|---|---|---|")
     for policy, r in res["ide"].items():
         serve = res["servers"][f"ours {levels[0]} {policy}"]["batch1_decode_tok_s"]
         print(f"| {policy} | {r['web_batch1_decode_tok_s']:.1f} ({r['web_batch1_decode_tok_s'] / serve:.2f}x) "
