@@ -12,11 +12,7 @@
 // AVX-512 path's VCVTPS2DQ, so the same int8 codes and scales.
 void quantize_acts(const uint16_t* x, int64_t rows, int64_t k, QuantizedActs& a) {
   const int64_t groups = k / GROUP;
-  a.q.resize(rows * k);
-  a.dx.resize(rows * groups);
-  a.sx.resize(rows * groups);
-  a.qs.resize(rows * groups);
-  a.qh.resize(rows * groups * 2);
+  a.resize(rows, k);
   spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     float v[GROUP];
     for (int64_t r = begin; r < end; ++r) {

@@ -74,6 +74,15 @@ struct QuantizedActs {
   std::vector<int8_t> q;
   std::vector<float> dx, sx;
   std::vector<int32_t> qs, qh;   // qh [rows * groups * 2]: codes 0..15, 16..31
+
+  void resize(int64_t rows, int64_t k) {
+    const int64_t groups = k / GROUP;
+    q.resize(rows * k);
+    dx.resize(rows * groups);
+    sx.resize(rows * groups);
+    qs.resize(rows * groups);
+    qh.resize(rows * groups * 2);
+  }
 };
 #endif
 
@@ -99,11 +108,7 @@ inline __m256i f32x16_to_bf16(__m512 v) {
 
 void quantize_acts(const uint16_t* x, int64_t rows, int64_t k, QuantizedActs& a) {
   const int64_t groups = k / GROUP;
-  a.q.resize(rows * k);
-  a.dx.resize(rows * groups);
-  a.sx.resize(rows * groups);
-  a.qs.resize(rows * groups);
-  a.qh.resize(rows * groups * 2);
+  a.resize(rows, k);
   spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
