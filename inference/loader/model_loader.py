@@ -55,13 +55,15 @@ def resolve_dtype(dtype: str, device: torch.device, gguf_codes: bool = False) ->
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def _gguf_kernels_run(config: ModelConfig) -> bool:
-    """The model is a GGUF file, nothing else quantizes it, and the VNNI kernels built here."""
+def _gguf_codes_wanted(config: ModelConfig, gguf_file: Path | None, device: torch.device) -> bool:
+    """A GGUF model on the CPU with no other quantization asked for, and INFERENCE_GGUF_CODES not 0:
+    the file's own codes are to run (if a kernel here runs them)."""
     import os
-    if config.quantization is not None or os.environ.get("INFERENCE_GGUF_CODES", "1") == "0":
-        return False
-    if gguf_source(config.model) is None:
-        return False
+    return (gguf_file is not None and device.type == "cpu" and config.quantization is None
+            and os.environ.get("INFERENCE_GGUF_CODES", "1") != "0")
+
+
+def _gguf_matmul_available() -> bool:
     from inference.models.gguf_cpu_linear import gguf_matmul_available
     return gguf_matmul_available()
 
@@ -172,8 +174,10 @@ def plan_load(config: ModelConfig) -> LoadPlan:
         raise ValueError(f"device: {config.device!r} asked for, but PyTorch sees no CUDA device")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device: must be 'cpu' or 'cuda[:N]', got {config.device!r}")
-    model_dir = resolve_model_dir(config.model)
-    dtype = resolve_dtype(config.dtype, device, gguf_codes=device.type == "cpu" and _gguf_kernels_run(config))
+    gguf_file = gguf_source(config.model)
+    model_dir = convert_gguf(gguf_file) if gguf_file is not None else resolve_model_dir(config.model)
+    dtype = resolve_dtype(config.dtype, device, gguf_codes=_gguf_codes_wanted(config, gguf_file, device)
+                          and _gguf_matmul_available())
     if model_dir is None:
         hf_config = preset_config(config.model.removeprefix("random:"))
     else:
@@ -198,7 +202,6 @@ def plan_load(config: ModelConfig) -> LoadPlan:
     if config.quantization == "fp8":
         from inference.quantization.fp8 import check_fp8_supported
         check_fp8_supported(device)
-    gguf_file = gguf_source(config.model)
     if gguf_file is not None:
         from inference.loader.gguf_codes import GGUFFile
         GGUFFile(gguf_file).check_supported()
@@ -271,14 +274,11 @@ GGUF_SCALE_DTYPE = torch.bfloat16
 
 def takes_gguf_codes(plan: LoadPlan, config: ModelConfig) -> bool:
     """A GGUF model on the CPU in bf16, with no other quantization asked for, runs on the file's
-    4-bit codes (fp32 models stay on the exact dequantized weights). INFERENCE_GGUF_CODES=0 turns
-    it off (the dequantized bf16 weights on oneDNN's packed layout instead)."""
-    import os
-
+    codes (fp32 models stay on the exact dequantized weights). INFERENCE_GGUF_CODES=0 turns it off
+    (the dequantized bf16 weights on oneDNN's packed layout instead)."""
     from inference.models.int4_cpu_linear import int4_cpu_available
-    return (os.environ.get("INFERENCE_GGUF_CODES", "1") != "0" and plan.gguf_file is not None
-            and plan.device.type == "cpu" and config.quantization is None
-            and plan.dtype == torch.bfloat16 and int4_cpu_available())
+    return (_gguf_codes_wanted(config, plan.gguf_file, plan.device) and plan.dtype == torch.bfloat16
+            and int4_cpu_available())
 
 
 def _release_freed_heap() -> None:

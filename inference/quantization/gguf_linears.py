@@ -98,10 +98,9 @@ def use_gguf_lm_head(model: LlamaForCausalLM, f: GGUFFile, scale_dtype: torch.dt
 def use_gguf_embedding(model: LlamaForCausalLM, f: GGUFFile) -> bool:
     """Look token embeddings up in the file's quantized `token_embd` rows (its memory map) instead of
     a 16-bit copy, when the LM head does not read that copy (untied, or already on codes)."""
-    from inference.loader.gguf_codes import QUANTIZED as TYPES
     from inference.models.gguf_embedding import GGUFEmbedding
     name = "token_embd.weight"
-    if model.lm_head is None or name not in f.tensors or f.kind(name) not in TYPES:
+    if model.lm_head is None or name not in f.tensors or f.kind(name) not in QUANTIZED:
         return False
     t = f.tensors[name]
     dim, vocab = (int(x) for x in t.shape)
