@@ -30,6 +30,7 @@ from httpkit.validation import InvalidRequest, validate
 from pipelines.code_index import DEFAULT_CACHE as DEFAULT_INDEX_DIR
 from pipelines.code_index import CodeIndex, safe_name
 from pipelines.completion_cache import CompletionCache
+from pipelines.completion_text import after_typed, cut_dedent, repetition_start, split_typed, trim_completion
 from pipelines.completion_schemas import MAX_SEED, MAX_SEGMENT_CHARS, OpenAICompletionIn, TabbyCompletionIn
 from pipelines.inference_client import InferenceClient, InferenceError
 
@@ -58,6 +59,24 @@ class CompletionRequest:
     seed: int | None = None
     stream: bool = False
     repository: str | None = None       # git_url / name of an indexed repository
+    top_k: int = -1
+    n_indent: int = 0                   # llama.cpp's: end at a later line indented less than this
+    t_max_predict_ms: int | None = None     # llama.cpp's: stop at a line end once this has passed
+
+
+@dataclass
+class Prompt:
+    text: str                 # what the engine gets
+    key: str                  # the cache key: ends with what precedes the cursor
+    typed: str                # spaces and tabs at the cursor that the text leaves out (completion_text.py)
+    line_is_blank: bool       # the cursor's line holds only whitespace so far
+    stops: list[str]
+
+
+def repo_label(repository: str | None) -> str:
+    """A repository's name for the prompt: the last part of its git URL or path."""
+    name = (repository or "").rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
+    return name or "project"
 
 
 # ---- request shapes ------------------------------------------------------------------------------
@@ -125,13 +144,30 @@ class Languages:
 class FimTemplate:
     family: str
     template: str
+    repo_name: str = ""           # "<|repo_name|>{name}\n": repository-level context (Qwen2.5-Coder)
+    file_sep: str = ""            # "<|file_sep|>{path}\n"
 
     @property
     def uses_suffix(self) -> bool:
         return "{suffix}" in self.template
 
+    @property
+    def uses_files(self) -> bool:
+        """Other files go before the prompt as repository files, not as comments."""
+        return bool(self.file_sep)
+
     def render(self, prefix: str, suffix: str) -> str:
         return self.template.replace("{prefix}", prefix).replace("{suffix}", suffix)
+
+    def file_block(self, path: str, body: str) -> str:
+        return self.file_sep.replace("{path}", path) + body + ("" if not body or body.endswith("\n") else "\n")
+
+    def repo_head(self, name: str) -> str:
+        return self.repo_name.replace("{name}", name)
+
+
+def _template(name: str, spec: dict) -> FimTemplate:
+    return FimTemplate(name, spec["template"], spec.get("repo_name", ""), spec.get("file_sep", ""))
 
 
 def choose_fim_template(vocab, model_type: str | None = None, path: str | os.PathLike | None = None,
@@ -143,13 +179,13 @@ def choose_fim_template(vocab, model_type: str | None = None, path: str | os.Pat
     if family:
         if family not in families:
             raise ValueError(f"FIM family {family!r} is not one of {sorted(families)}")
-        return FimTemplate(family, families[family]["template"])
+        return _template(family, families[family])
     for name, spec in families.items():
         tokens = spec.get("tokens") or []
         by_model_type = model_type and model_type in (spec.get("model_types") or [])
         if (tokens and all(t in vocab for t in tokens)) or by_model_type:
-            return FimTemplate(name, spec["template"])
-    return FimTemplate("plain", families["plain"]["template"])
+            return _template(name, spec)
+    return _template("plain", families["plain"])
 
 
 # ---- context and trimming ------------------------------------------------------------------------
@@ -209,38 +245,29 @@ def _fit(text: str, budget: int, count: Callable[[str], int], keep_end: bool) ->
 
 def snippet_comments(snippets: list[Snippet], rules: LanguageRules, budget: int, count: Callable[[str], int]) -> str:
     """Snippets as path-labelled comments, in order, while they fit the budget."""
+    def block(s: Snippet) -> str:
+        lines = [f"{rules.comment} Path: {s.filepath}"] + [f"{rules.comment} {line}" for line in s.body.splitlines()]
+        return "\n".join(lines) + "\n"
+    return _within(snippets, block, budget, count)
+
+
+def snippet_files(snippets: list[Snippet], template: FimTemplate, budget: int, count: Callable[[str], int]) -> str:
+    """Snippets as repository files (the family's file separator, the path, the code), in order,
+    while they fit the budget."""
+    return _within(snippets, lambda s: template.file_block(s.filepath, s.body), budget, count)
+
+
+def _within(snippets: list[Snippet], render: Callable[[Snippet], str], budget: int,
+            count: Callable[[str], int]) -> str:
     out, used = [], 0
     for s in snippets:
-        lines = [f"{rules.comment} Path: {s.filepath}"] + [f"{rules.comment} {line}" for line in s.body.splitlines()]
-        block = "\n".join(lines) + "\n"
+        block = render(s)
         cost = count(block)
         if used + cost > budget:
             continue
         out.append(block)
         used += cost
     return "".join(out)
-
-
-def trim_completion(text: str, suffix: str, min_chars: int = 1) -> str:
-    """Trailing whitespace off; stop where the completion starts repeating the suffix; '' when
-    nothing useful is left."""
-    first_suffix_line = suffix.split("\n", 1)[0]
-    lines = text.split("\n")
-    if first_suffix_line.strip() and lines[0].endswith(first_suffix_line):       # e.g. the closing ")"
-        lines[0] = lines[0][: len(lines[0]) - len(first_suffix_line)]
-    next_line = next((line.strip() for line in suffix.split("\n")[1:] if line.strip()), "") if not \
-        first_suffix_line.strip() else first_suffix_line.strip()
-    if next_line:
-        for i, line in enumerate(lines[1:], start=1):
-            if line.strip() == next_line:                # the suffix's next line is already there
-                lines = lines[:i]
-                break
-    out = "\n".join(lines).rstrip()
-    if len(out.strip()) < min_chars:
-        return ""
-    if suffix.strip() and suffix.lstrip().startswith(out.strip()):                # only echoes the suffix
-        return ""
-    return out
 
 
 # ---- the service ---------------------------------------------------------------------------------
@@ -255,6 +282,7 @@ class CompletionResult:
     wasted_tokens: int = 0          # pieces the engine produced after this request was superseded
     prompt_tokens: int = 0
     completion_tokens: int = 0      # generated before any trimming (what the engine computed)
+    first_token_s: float = 0.0      # from the engine call to the first piece (prompt processing)
 
 
 class CompletionService:
@@ -272,14 +300,14 @@ class CompletionService:
 
     def build_prompt(self, req: CompletionRequest) -> tuple[str, list[str]]:
         """(the prompt, the stop sequences)."""
-        context, suffix, stops = self._context(req)
-        return self.template.render(context, suffix), stops
+        p = self._prompt(req)
+        return p.text, p.stops
 
-    def _context(self, req: CompletionRequest) -> tuple[str, str, list[str]]:
-        """(what precedes the cursor: snippets + prefix, the suffix the template uses, stops)."""
+    def _prompt(self, req: CompletionRequest) -> Prompt:
         rules = self.languages.get(req.language, req.filepath)
         count = self.client.count_tokens
-        prefix = fit_end_anchored(req.prefix, self.prefix_budget, count)
+        body, typed = split_typed(req.prefix)
+        prefix = fit_end_anchored(body, self.prefix_budget, count)
         suffix = fit_start(req.suffix, self.suffix_budget, count) if self.template.uses_suffix else ""
         snippets = list(req.snippets)
         index = self.indexes.get(safe_name(req.repository or "")) or (
@@ -287,9 +315,16 @@ class CompletionService:
         if index is not None:           # then code from the indexed repository, near what is being typed
             query = "\n".join(prefix.splitlines()[-12:])
             snippets += [Snippet(c.filepath, c.body) for c in index.search(query, 3, exclude_file=req.filepath)]
-        context = snippet_comments(snippets, rules, self.snippet_budget, count) + prefix
-        stops = ["\n\n", "\n\r\n", *rules.stops, *req.stop]
-        return context, suffix, list(dict.fromkeys(stops))[:16]
+        head = ""
+        if not self.template.uses_files:
+            prefix = snippet_comments(snippets, rules, self.snippet_budget, count) + prefix
+        elif snippets or req.filepath:  # repository-level: other files, then the one being edited
+            head = (self.template.repo_head(repo_label(req.repository))
+                    + snippet_files(snippets, self.template, self.snippet_budget, count)
+                    + self.template.file_block(req.filepath or "untitled", ""))
+        stops = list(dict.fromkeys(["\n\n", "\n\r\n", *rules.stops, *req.stop]))[:16]
+        return Prompt(head + self.template.render(prefix, suffix), f"{head}\x00{prefix}{typed}", typed,
+                      not req.prefix.rsplit("\n", 1)[-1].strip(), stops)
 
     def complete(self, req: CompletionRequest) -> CompletionResult:
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -315,43 +350,65 @@ class CompletionService:
                         del self._current[slot]
 
     def _complete(self, rid: str, req: CompletionRequest, event: threading.Event) -> CompletionResult:
-        context, suffix, stops = self._context(req)
-        prompt = self.template.render(context, suffix)
-        if not prompt:         # an empty file: nothing to complete from (and not an inference failure)
+        p = self._prompt(req)
+        if not p.text:         # an empty file: nothing to complete from (and not an inference failure)
             return CompletionResult(rid, [""] * req.n)
-        # the cache key is what precedes the cursor; everything else must match exactly, so that
-        # typing the start of a suggestion extends the key ("forward" hit)
-        settings = (f"{req.temperature}|{req.top_p}|{req.max_tokens}|{req.n}|{req.seed}|{stops}|"
-                    f"{self.template.family}|{req.suffix}")
-        found = self.cache.lookup(context, settings) if req.n == 1 else None
+        # the cache key ends with what precedes the cursor; everything else must match exactly, so
+        # that typing the start of a suggestion extends the key ("forward" hit)
+        settings = (f"{req.temperature}|{req.top_p}|{req.top_k}|{req.max_tokens}|{req.n}|{req.seed}|{p.stops}|"
+                    f"{req.n_indent}|{self.template.family}|{req.suffix}")
+        found = self.cache.lookup(p.key, settings) if req.n == 1 and req.max_tokens > 0 else None
         if found is not None:
             return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
         t0 = time.perf_counter()
         texts: list[str] = []
         generated = prompt_tokens = 0
+        first_s = None
         for i in range(req.n):
-            pieces = []
-            wasted = 0
-            for piece in self.client.complete_stream(prompt, max_tokens=req.max_tokens, temperature=req.temperature,
-                                                     top_p=req.top_p, stop=stops, seed=req.seed,
-                                                     request_id=f"{rid}-{i}"):
-                if event.is_set():
-                    wasted += 1        # the abort is on its way: count what still arrives
-                    continue
-                pieces.append(piece)
+            raw, wasted, first = self._generate(p, req, f"{rid}-{i}", event)
+            first_s = first if first_s is None else first_s
             if event.is_set():
                 return CompletionResult(rid, [""] * req.n, cancelled=True, engine_s=time.perf_counter() - t0,
                                         wasted_tokens=wasted)
-            raw = "".join(pieces)
             used = getattr(self.client, "usage", lambda _: None)(f"{rid}-{i}")
             if used is None:                                   # a client that does not report usage
-                used = (self.client.count_tokens(prompt), self.client.count_tokens(raw) if raw else 0)
+                used = (self.client.count_tokens(p.text), self.client.count_tokens(raw) if raw else 0)
             prompt_tokens, generated = used[0], generated + used[1]
-            texts.append(trim_completion(raw, req.suffix))
+            text = cut_dedent(after_typed(raw, p.typed, p.line_is_blank), req.n_indent)
+            texts.append(trim_completion(text, req.suffix))
         engine_s = time.perf_counter() - t0
         if req.n == 1 and texts[0]:
-            self.cache.put(context, settings, texts[0])
-        return CompletionResult(rid, texts, engine_s=engine_s, prompt_tokens=prompt_tokens, completion_tokens=generated)
+            self.cache.put(p.key, settings, texts[0])
+        return CompletionResult(rid, texts, engine_s=engine_s, prompt_tokens=prompt_tokens,
+                                completion_tokens=generated, first_token_s=first_s or engine_s)
+
+    def _generate(self, p: Prompt, req: CompletionRequest, request_id: str,
+                  event: threading.Event) -> tuple[str, int, float | None]:
+        """(the raw text, pieces that arrived after a cancel, seconds to the first piece). Stops
+        early, aborting the engine request, on a runaway repetition, and once t_max_predict_ms
+        has passed since the first piece with a line already written (llama.cpp's rule)."""
+        t0 = time.perf_counter()
+        text, wasted, first = "", 0, None
+        stream = self.client.complete_stream(p.text, max_tokens=max(1, req.max_tokens), temperature=req.temperature,
+                                             top_p=req.top_p, top_k=req.top_k, stop=p.stops, seed=req.seed,
+                                             request_id=request_id)
+        for piece in stream:
+            if event.is_set():
+                wasted += 1            # the abort is on its way: count what still arrives
+                continue
+            now = time.perf_counter()
+            first = now - t0 if first is None else first
+            text += piece
+            cut = repetition_start(text)
+            late = req.t_max_predict_ms and now - t0 - first > req.t_max_predict_ms / 1e3 and "\n" in text
+            if cut is not None or late:
+                text = text if cut is None else text[:cut]
+                self.client.abort(request_id)
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+                break
+        return (text if req.max_tokens > 0 else ""), wasted, first
 
 
 def service_for(client: InferenceClient, index_dir: str | None = None) -> CompletionService:
@@ -372,5 +429,5 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
     return service
 
 
-__all__ = ["MAX_SEED", "CompletionRequest", "CompletionResult", "CompletionService", "InferenceError",
+__all__ = ["MAX_SEED", "trim_completion", "CompletionRequest", "CompletionResult", "CompletionService", "InferenceError",
            "InvalidRequest", "parse_openai", "parse_request", "parse_tabby", "service_for"]

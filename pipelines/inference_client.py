@@ -45,7 +45,8 @@ class InferenceClient(Protocol):
         """The chat model's context length (prompt + generated tokens)."""
 
     def complete_stream(self, prompt: str, *, max_tokens: int, temperature: float, top_p: float,
-                        stop: list[str], seed: int | None = None, request_id: str | None = None) -> Iterator[str]:
+                        stop: list[str], seed: int | None = None, request_id: str | None = None,
+                        top_k: int = -1) -> Iterator[str]:
         """A raw completion of `prompt` (code completion), as text pieces."""
 
     def abort(self, request_id: str) -> None:
@@ -120,10 +121,10 @@ class InProcessClient:
                 stream.abort()              # the caller stopped reading: free the KV blocks now
 
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
-                        request_id=None) -> Iterator[str]:
+                        request_id=None, top_k=-1) -> Iterator[str]:
         from inference.sampling_params import SamplingParams
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop or None,
-                                seed=seed)
+                                seed=seed, top_k=top_k)
         try:
             stream = self.engine.add_request(prompt, params, request_id)
         except ValueError as exc:
@@ -226,9 +227,10 @@ class HttpClient:
                     yield text
 
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
-                        request_id=None) -> Iterator[str]:
+                        request_id=None, top_k=-1) -> Iterator[str]:
         body = {"model": self._served_model(), "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-                "top_p": top_p, "stop": stop or None, "seed": seed, "stream": True,
+                "top_p": top_p, "top_k": top_k if top_k > 0 else None, "stop": stop or None, "seed": seed,
+                "stream": True,
                 "stream_options": {"include_usage": True}}
         usage = (0, 0)
         try:

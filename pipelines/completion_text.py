@@ -1,0 +1,111 @@
+"""The text of a completion as the editor inserts it: the whitespace already typed at the cursor,
+trimming against the suffix, indentation limits and runaway repetition.
+
+Whitespace at the cursor. A prompt that ends in spaces or tabs ("    " on a blank indented line,
+"return ") ends mid-token for a BPE tokenizer: the model was trained on text where that
+whitespace is fused with the word after it, so it answers with an extra space, tab or newline.
+The prompt therefore stops before that whitespace (`split_typed`) and the model writes it
+itself; `after_typed` then removes what the user had already typed from the completion.
+"""
+from __future__ import annotations
+
+import re
+
+_TRAILING_BLANKS = re.compile(r"[ \t]+$")
+
+
+def split_typed(prefix: str) -> tuple[str, str]:
+    """(the prefix without the spaces and tabs that end its last line, those spaces and tabs)."""
+    m = _TRAILING_BLANKS.search(prefix)
+    return (prefix, "") if m is None else (prefix[:m.start()], m.group())
+
+
+def after_typed(text: str, typed: str, line_is_blank: bool) -> str:
+    """The completion for a cursor after `typed` (whitespace the prompt left out): that
+    whitespace off its start; on a blank line also any newlines the model began with, so the
+    suggestion starts on the cursor's line at the indentation already there."""
+    if line_is_blank:
+        stripped = text.lstrip("\r\n")
+        if stripped != text and stripped.strip():
+            text = stripped
+    if not typed:
+        return text
+    if text.startswith(typed):
+        return text[len(typed):]
+    lead = len(text) - len(text.lstrip(" \t"))
+    if lead and typed.startswith(text[:lead]):        # the model wrote part of it
+        return text[lead:]
+    return text
+
+
+def trim_completion(text: str, suffix: str, min_chars: int = 1) -> str:
+    """Trailing whitespace off; stop where the completion starts repeating the suffix; '' when
+    nothing useful is left."""
+    first_suffix_line = suffix.split("\n", 1)[0]
+    lines = text.split("\n")
+    if first_suffix_line.strip() and lines[0].endswith(first_suffix_line):       # e.g. the closing ")"
+        lines[0] = lines[0][: len(lines[0]) - len(first_suffix_line)]
+    next_line = next((line.strip() for line in suffix.split("\n")[1:] if line.strip()), "") if not \
+        first_suffix_line.strip() else first_suffix_line.strip()
+    if next_line:
+        for i, line in enumerate(lines[1:], start=1):
+            if line.strip() == next_line:                # the suffix's next line is already there
+                lines = lines[:i]
+                break
+    out = "\n".join(lines).rstrip()
+    if len(out.strip()) < min_chars:
+        return ""
+    if suffix.strip() and suffix.lstrip().startswith(out.strip()):                # only echoes the suffix
+        return ""
+    return out
+
+
+def cut_dedent(text: str, n_indent: int) -> str:
+    """The completion up to the first later line indented less than `n_indent` columns (a tab
+    counts as one, as llama.cpp's n_indent does): the block being written has ended."""
+    if n_indent <= 0:
+        return text
+    lines = text.split("\n")
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() and len(line) - len(line.lstrip(" \t")) < n_indent:
+            return "\n".join(lines[:i])
+    return text
+
+
+REPEATS = 3                 # the same line this many times in a row is a loop, not code
+MIN_PERIOD_CHARS = 24       # a repeating tail this long (and 4 periods) inside a line is one too
+
+
+def repetition_start(text: str) -> int | None:
+    """Where a runaway repetition begins (the offset just after its first copy), or None.
+
+    A loop is the same non-blank line REPEATS times in a row (indentation included, so closing
+    braces at falling depths are not one), or a line that ends in 4+ copies of one 3..32
+    character unit over at least MIN_PERIOD_CHARS ("foo(foo(foo(foo(")."""
+    lines = text.split("\n")
+    offset, run, prev = 0, 0, None
+    starts = []
+    for line in lines:
+        starts.append(offset)
+        offset += len(line) + 1
+    for i, line in enumerate(lines[:-1]):          # whole lines only (the last may still grow)
+        if line.strip() and line == prev:
+            run += 1
+            if run + 1 >= REPEATS:
+                first = i - run
+                return starts[first] + len(lines[first])
+        else:
+            run = 0
+        prev = line
+    tail = lines[-1]
+    for period in range(3, 33):
+        span = max(4 * period, MIN_PERIOD_CHARS)
+        if len(tail) < span:
+            break
+        end = tail[-span:]
+        if all(end[j] == end[j - period] for j in range(period, span)):
+            start = len(tail) - span                 # back to where the copies begin
+            while start >= period and tail[start - period:start] == tail[start:start + period]:
+                start -= period
+            return len(text) - len(tail) + start + period
+    return None

@@ -1,0 +1,117 @@
+"""A completion's text as the editor inserts it: whitespace already typed at the cursor, indentation
+limits and runaway repetition; and the repository-level prompt of a family trained on it."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines.completion import CompletionRequest, CompletionService, Snippet, choose_fim_template, repo_label
+from pipelines.completion_text import after_typed, cut_dedent, repetition_start, split_typed
+
+QWEN_VOCAB = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}
+
+
+@pytest.mark.parametrize("prefix, body, typed", [
+    ("def f():\n    ", "def f():\n", "    "),
+    ("    return ", "    return", " "),
+    ("x = 1\n\t\t", "x = 1\n", "\t\t"),
+    ("x = (", "x = (", ""),
+    ("", "", ""),
+])
+def test_split_typed(prefix, body, typed):
+    assert split_typed(prefix) == (body, typed)
+
+
+@pytest.mark.parametrize("text, typed, blank, want", [
+    ("    total += v", "    ", True, "total += v"),               # the indentation the user typed
+    ("\n    total += v", "    ", True, "total += v"),             # a leading newline on a blank line
+    ("  total", "    ", True, "total"),                           # less than typed: none of it again
+    ("        deeper()", "    ", True, "    deeper()"),           # more than typed: the rest is meant
+    (" a + b", " ", False, "a + b"),                              # after "return "
+    ("a + b", " ", False, "a + b"),
+    ("\n", "", True, "\n"),                                       # nothing after the newline: untouched
+    ("\n    return 1", "", False, "\n    return 1"),              # after "def f():" a newline is right
+])
+def test_after_typed(text, typed, blank, want):
+    assert after_typed(text, typed, blank) == want
+
+
+def test_cut_dedent_ends_at_a_shallower_line():
+    text = "x = 1\n        y = 2\n    z = 3\n        w"
+    assert cut_dedent(text, 8) == "x = 1\n        y = 2"
+    assert cut_dedent(text, 0) == text and cut_dedent("a\n\n        b", 8) == "a\n\n        b"
+
+
+@pytest.mark.parametrize("text, kept", [
+    ("\tmaxOf(names)\n\tmaxOf(names)\n\tmaxOf(names)\n\tmax", "\tmaxOf(names)"),
+    ("a = 1\nb = 2\nb = 2\nb = 2\n", "a = 1\nb = 2"),
+    ("print(foo(foo(foo(foo(foo(foo(foo(foo(", "print(foo("),
+])
+def test_repetition_is_cut_after_its_first_copy(text, kept):
+    cut = repetition_start(text)
+    assert cut is not None and text[:cut] == kept
+
+
+@pytest.mark.parametrize("text", [
+    "}\n  }\n}\n",                                          # closing braces at falling depths
+    "x.append(1)\nx.append(1)\n",                            # twice is not a loop
+    "# ----------------------------------------\n",          # a separator line (period 1)
+    "for i in range(10):\n    total += i\n",
+])
+def test_code_that_is_not_a_loop(text):
+    assert repetition_start(text) is None
+
+
+class Core:
+    def __init__(self, pieces):
+        self.pieces, self.prompts, self.aborted = pieces, [], []
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+    def complete_stream(self, prompt, **kw):
+        self.prompts.append(prompt)
+        yield from self.pieces
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+def test_qwen_prompt_puts_other_files_first_and_names_the_current_one():
+    core = Core(["x"])
+    service = CompletionService(core, choose_fim_template(QWEN_VOCAB))
+    req = CompletionRequest(prefix="import util\n\nutil.", suffix="\n", filepath="app/main.py",
+                            repository="https://github.com/acme/shop.git",
+                            snippets=[Snippet("app/util.py", "def helper():\n    return 1")])
+    text, _ = service.build_prompt(req)
+    assert text == ("<|repo_name|>shop\n<|file_sep|>app/util.py\ndef helper():\n    return 1\n"
+                    "<|file_sep|>app/main.py\n<|fim_prefix|>import util\n\nutil.<|fim_suffix|>\n<|fim_middle|>")
+    bare, _ = service.build_prompt(CompletionRequest(prefix="a = ", suffix=""))
+    assert bare == "<|fim_prefix|>a =<|fim_suffix|><|fim_middle|>"        # the typed space is the model's
+
+
+def test_the_plain_family_keeps_snippets_as_comments():
+    service = CompletionService(Core(["x"]), choose_fim_template(set()))
+    text, _ = service.build_prompt(CompletionRequest(prefix="y = ", language="python",
+                                                     snippets=[Snippet("u.py", "def g(): ...")]))
+    assert text == "# Path: u.py\n# def g(): ...\ny ="
+
+
+@pytest.mark.parametrize("url, name", [("https://github.com/acme/shop.git", "shop"), ("git@host:team/api.git", "api"),
+                                       ("/srv/repos/tools/", "tools"), (None, "project")])
+def test_repo_label(url, name):
+    assert repo_label(url) == name
+
+
+def test_a_runaway_generation_is_aborted_and_cut():
+    core = Core(["\tmaxOf(names)\n"] * 40)
+    service = CompletionService(core, choose_fim_template(QWEN_VOCAB))
+    out = service.complete(CompletionRequest(prefix="func main() {\n\t", suffix="\n}\n", language="go"))
+    assert out.texts == ["maxOf(names)"] and len(core.aborted) == 1
+
+
+def test_whitespace_at_the_cursor_is_not_suggested_again():
+    core = Core(["    ", "total += v"])
+    service = CompletionService(core, choose_fim_template(QWEN_VOCAB))
+    out = service.complete(CompletionRequest(prefix="for v in xs:\n    ", suffix="\nreturn total\n"))
+    assert out.texts == ["total += v"] and core.prompts[0].endswith("for v in xs:\n<|fim_suffix|>\nreturn total\n"
+                                                                   "<|fim_middle|>")
