@@ -30,8 +30,8 @@ from httpkit.validation import InvalidRequest, validate
 from pipelines.code_index import DEFAULT_CACHE as DEFAULT_INDEX_DIR
 from pipelines.code_index import CodeIndex, safe_name
 from pipelines.completion_cache import CompletionCache
-from pipelines.completion_text import after_typed, cut_dedent, repetition_start, split_typed, trim_completion
 from pipelines.completion_schemas import MAX_SEED, MAX_SEGMENT_CHARS, OpenAICompletionIn, TabbyCompletionIn
+from pipelines.completion_text import after_typed, cut_dedent, repetition_start, split_typed, trim_completion
 from pipelines.inference_client import InferenceClient, InferenceError
 
 FORWARD_WINDOW = 8                   # recent suggestions per settings a forward hit may extend
@@ -429,5 +429,5 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
     return service
 
 
-__all__ = ["MAX_SEED", "trim_completion", "CompletionRequest", "CompletionResult", "CompletionService", "InferenceError",
-           "InvalidRequest", "parse_openai", "parse_request", "parse_tabby", "service_for"]
+__all__ = ["MAX_SEED", "CompletionRequest", "CompletionResult", "CompletionService", "InferenceError",
+           "InvalidRequest", "parse_openai", "parse_request", "parse_tabby", "service_for", "trim_completion"]
