@@ -25,12 +25,15 @@ from app.agent_auth import bp as agent_auth_bp
 from app.agent_console import bp as console_bp
 from app.chat import bp as chat_bp
 from app.chat_handoff import bp as chat_handoff_bp
+from app.completion import beta as beta_bp
 from app.completion import bp as completion_bp
 from app.completion import init_completion
 from app.conversations import ConversationStore
 from app.db import DatabaseUnavailable, init_db
 from app.errors import error_response
 from app.handoffs import Handoffs
+from app.infill import bp as infill_bp
+from app.infill import init_infill
 from app.jobs import bp as jobs_bp
 from app.knowledge_base import bp as kb_bp
 from app.limits import init_limits
@@ -101,10 +104,11 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     registry.register(DegradationCollector(app))
     tenants = app.extensions["support_chat"]["tenants"]
     registry.register(ReportCollector(db, lambda: [t.tenant.tenant_id for t in tenants.tenants]))
-    init_limits(app, (chat_bp, chat_handoff_bp), completion_bp, jobs_bp, kb_bp)
+    init_limits(app, (chat_bp, chat_handoff_bp), completion_bp, beta_bp, infill_bp, jobs_bp, kb_bp)
     app.register_blueprint(chat_bp)
     app.register_blueprint(chat_handoff_bp)
     init_completion(app)
+    init_infill(app)
     app.register_blueprint(jobs_bp)
     app.register_blueprint(kb_bp)
     app.register_blueprint(agent_auth_bp)

@@ -4,7 +4,8 @@ pipelines/completion.py.
     POST /v1/completions   Tabby body {language, segments: {prefix, suffix, ...}} -> {id, choices}
                            or OpenAI legacy body {prompt, suffix, max_tokens, ...} (SSE if stream)
     POST /v1/events        view / select / dismiss (select_kind=line for partial accepts)
-    GET  /v1/health        what Tabby's plugins ask for on start
+    GET  /v1/health        what Tabby's plugins ask for on start (503 while the model loads)
+    GET  /v1beta/server_setting   Tabby's client settings
 
 Requests carry `Authorization: Bearer <api key>`: a key whose SHA-256 a tenant lists in
 configs/tenants.yaml (`api_keys`; demo: demo-api-key), or one of COMPLETION_API_KEYS (env,
@@ -20,6 +21,7 @@ import hmac
 import json
 import os
 import platform
+import subprocess
 import threading
 import time
 import uuid
@@ -41,6 +43,7 @@ from app.schemas import (
     RepositoryIn,
     RepositoryJob,
     RepositoryQueued,
+    ServerSettingOut,
     error_responses,
 )
 from app.tenants import hash_api_key
@@ -51,6 +54,7 @@ from pipelines.completion import CompletionCache, CompletionService, parse_reque
 from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
+beta = Blueprint("completion_beta", __name__, url_prefix="/v1beta")        # Tabby's settings route
 API_ERRORS = error_responses(ApiError, 400, 401, 413, 429, 503)   # every authenticated route
 
 
@@ -84,6 +88,7 @@ def _openai_error(exc: OpenAIError):
 
 
 bp.register_error_handler(OpenAIError, _openai_error)
+beta.register_error_handler(OpenAIError, _openai_error)
 
 
 def _ext() -> dict:
@@ -95,6 +100,7 @@ def _model_name() -> str:
 
 
 @bp.before_request
+@beta.before_request
 def _auth():
     if request.path in ("/v1/health", "/v1/metrics") and request.method == "GET":
         return None
@@ -208,12 +214,44 @@ def metrics():
 
 
 @bp.get("/health")
-@documented(responses={200: HealthOut}, security=(), tags=("completion",))
+@documented(responses={200: HealthOut, 503: ApiError}, security=(), tags=("completion",))
 def health():
-    """The server's model and device."""
+    """The server's model and device; 503 while the model is still loading, so an editor's plugin
+    reports "ready" only once a completion can be answered."""
+    client = current_app.extensions["support_chat"]["services"].client
+    loading = getattr(client, "model_loading", None)
+    if loading is not None and loading():
+        getattr(client, "warm", lambda: None)()
+        raise OpenAIError(503, "the model is loading; retry after the Retry-After seconds",
+                          type_="service_unavailable", headers={"Retry-After": "5"})
     return jsonify({"model": _model_name(), "device": "cpu", "arch": platform.machine(),
                     "cpu_info": platform.processor(),
-                    "cpu_count": os.cpu_count(), "cuda_devices": [], "version": {"build_date": "", "git_sha": ""}})
+                    "cpu_count": os.cpu_count(), "cuda_devices": [], "version": _ext()["version"]})
+
+
+@beta.get("/server_setting")
+@documented(responses={200: ServerSettingOut, **API_ERRORS}, tags=("completion",))
+def server_setting():
+    """What Tabby's plugins (0.9 and later) read after connecting."""
+    return jsonify({"disable_client_side_telemetry": True})
+
+
+def _version() -> dict[str, str]:
+    """The build, as Tabby's health body names it (git_sha from the checkout when there is one)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        release = version("support-inference")
+    except PackageNotFoundError:
+        release = "0.0.0"
+    sha = os.environ.get("GIT_SHA", "")
+    root = Path(__file__).resolve().parent.parent
+    if not sha and (root / ".git").exists():
+        try:
+            sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            sha = ""
+    return {"build_date": "", "build_timestamp": "", "git_sha": sha, "git_describe": f"v{release}"}
 
 
 @bp.post("/repositories")
@@ -260,5 +298,6 @@ def init_completion(app) -> None:
                                     "metrics": CompletionMetrics(app.extensions["web_metrics"].metric_registry),
                                     "jobs": JobStore(app.config.get("REDIS_URL")),
                                     "batches": BatchStore(app.config.get("REDIS_URL")),
-                                    "extensions": set(Languages().by_ext)}
+                                    "extensions": set(Languages().by_ext), "version": _version()}
     app.register_blueprint(bp)
+    app.register_blueprint(beta)

@@ -91,5 +91,18 @@ def init_limits(app: Flask, chat_bps: tuple, *api_bps) -> Limiter:
         return error_response(429, f"rate limit exceeded{what}: retry after the Retry-After seconds",
                               code="rate_limit_exceeded")
 
+    def _retry_after_only_when_refused(resp):
+        # Flask-Limiter puts Retry-After (the window's reset, computed when the request came in)
+        # on every response: on a slow 200 it went negative. It belongs to refusals only. (Hooks
+        # run last-registered first: placed first, this one runs after the limiter's.)
+        if resp.status_code not in (429, 503):
+            resp.headers.pop("Retry-After", None)
+        else:
+            value = resp.headers.get("Retry-After")
+            if value is not None and value.lstrip("-").isdigit() and int(value) < 1:
+                resp.headers["Retry-After"] = "1"
+        return resp
+    app.after_request_funcs.setdefault(None, []).insert(0, _retry_after_only_when_refused)
+
     app.extensions["limiter"] = limiter
     return limiter

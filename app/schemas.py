@@ -290,6 +290,34 @@ class HealthOut(BaseModel):
     version: dict[str, str]
 
 
+class InfillOut(BaseModel):
+    """llama.cpp's /infill answer (the fields llama.vscode and llama.vim read, and more)."""
+    model_config = ConfigDict(extra="allow")
+    content: str
+    stop: bool
+    stop_type: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    truncated: bool
+    generation_settings: dict[str, Any]
+    timings: dict[str, float]
+
+
+class InfillChunk(BaseModel):
+    """One event of a streamed /infill: text, then a last one with stop: true and the rest of InfillOut."""
+    model_config = ConfigDict(extra="allow")
+    content: str
+    stop: bool
+
+
+INFILL_STREAM = Stream({None: InfillChunk})
+
+
+class ServerSettingOut(BaseModel):
+    """Tabby's client-side settings."""
+    disable_client_side_telemetry: bool
+
+
 class RepositoryIn(_In):
     name: Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S",
                                description="the repository's name or git_url"),

@@ -128,6 +128,9 @@ class ChatServices:
             if self._builder is None:
                 self._builder = threading.Thread(target=self._build_until_full, name="chat-pipeline", daemon=True)
                 self._builder.start()
+                warm = getattr(self.client, "warm", None)
+                if warm is not None:            # load the in-process model now, not on the first request
+                    warm()
 
     def stop(self) -> None:
         self._stop.set()

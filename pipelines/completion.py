@@ -30,7 +30,7 @@ from httpkit.validation import InvalidRequest, validate
 from pipelines.code_index import DEFAULT_CACHE as DEFAULT_INDEX_DIR
 from pipelines.code_index import CodeIndex, safe_name
 from pipelines.completion_cache import CompletionCache
-from pipelines.completion_schemas import MAX_SEED, MAX_SEGMENT_CHARS, OpenAICompletionIn, TabbyCompletionIn
+from pipelines.completion_schemas import MAX_SEED, MAX_SEGMENT_CHARS, InfillIn, OpenAICompletionIn, TabbyCompletionIn
 from pipelines.completion_text import after_typed, cut_dedent, repetition_start, split_typed, trim_completion
 from pipelines.inference_client import InferenceClient, InferenceError
 
@@ -105,6 +105,26 @@ def parse_openai(body: Any) -> CompletionRequest:
         language=(req.language or "generic").lower(), user=req.user, filepath=req.filepath,
         temperature=_given(req.temperature, 0.2), top_p=_given(req.top_p, 0.95), max_tokens=_given(req.max_tokens, 128),
         stop=stop, n=_given(req.n, 1), seed=req.seed, stream=req.stream, repository=req.repository)
+
+
+DEFAULT_N_PREDICT = 128
+
+
+def parse_infill(body: Any) -> CompletionRequest:
+    """llama.cpp's /infill body: the cursor is after input_prefix + prompt (the current line up to
+    it); input_extra chunks are context from other files. Without a temperature sampler in
+    `samplers` (llama.vscode sends top_k, top_p, infill) the choice is greedy."""
+    req = validate(InfillIn, body)
+    samplers = req.samplers if isinstance(req.samplers, list) else list(req.samplers or "")
+    greedy = req.samplers is not None and "temperature" not in samplers and "t" not in samplers
+    n_predict = DEFAULT_N_PREDICT if req.n_predict in (None, -1) else req.n_predict
+    return CompletionRequest(
+        prefix=(req.input_prefix + req.prompt)[-MAX_SEGMENT_CHARS:], suffix=req.input_suffix[:MAX_SEGMENT_CHARS],
+        snippets=[Snippet(c.filename or "tmp", c.text[:MAX_SEGMENT_CHARS]) for c in req.input_extra or ()],
+        temperature=0.0 if greedy else _given(req.temperature, 0.2), top_p=_given(req.top_p, 0.95),
+        top_k=_given(req.top_k, -1), max_tokens=n_predict, stop=list(req.stop or []),
+        seed=None if req.seed in (None, -1) else req.seed, stream=req.stream, n_indent=req.n_indent or 0,
+        t_max_predict_ms=req.t_max_predict_ms or None)
 
 
 def parse_request(body: Any) -> tuple[CompletionRequest, bool]:
@@ -416,6 +436,8 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
     tokenizer; over HTTP: FIM_FAMILY, else plain) and the code indexes already built."""
     vocab, model_type = (), None
     engine = getattr(client, "engine", None)
+    if engine is None and hasattr(client, "in_process_engine"):          # the web app's fallback chain
+        engine = client.in_process_engine()
     if engine is not None:
         hf = getattr(engine.tokenizer, "hf", None)
         vocab = hf.get_vocab() if hf is not None else ()
@@ -430,4 +452,5 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
 
 
 __all__ = ["MAX_SEED", "CompletionRequest", "CompletionResult", "CompletionService", "InferenceError",
-           "InvalidRequest", "parse_openai", "parse_request", "parse_tabby", "service_for", "trim_completion"]
+           "InvalidRequest", "parse_infill", "parse_openai", "parse_request", "parse_tabby", "service_for",
+           "trim_completion"]

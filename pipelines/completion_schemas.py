@@ -84,3 +84,33 @@ class OpenAICompletionIn(_Body):
     n: Annotated[int | None, Field(ge=1, le=4)] = None
     seed: Seed = None
     repository: str | None = None
+
+
+class ExtraChunk(_Body):
+    error_messages: ClassVar[Errors] = Errors()
+    filename: Annotated[str | None, Errors("{at}: must be a string")] = None
+    text: str
+
+
+class InfillIn(_Body):
+    """llama.cpp's /infill body, as llama.vscode and llama.vim send it. Fields we do not use
+    (t_max_prompt_ms, id_slot, lora, ...) are accepted and ignored; `cache_prompt` is always on."""
+    model_config = ConfigDict(title="InfillIn")
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: Annotated[list[ExtraChunk] | None,
+                           Errors("{item}: must be an object with a string text",
+                                  list_type="{at}: must be a list of {{filename, text}}, got {input!r}")] = None
+    prompt: Annotated[str, Errors("prompt: must be a string (the current line up to the cursor)")] = ""
+    n_predict: Annotated[int | None, Field(ge=-1, le=512)] = None
+    t_max_predict_ms: Annotated[int | None, Field(ge=0, le=600_000)] = None
+    n_indent: Annotated[int | None, Field(ge=0, le=1000)] = None
+    stop: Annotated[list[Annotated[str, Field(min_length=1)]] | None, Field(max_length=16),
+                    Errors("stop: must be a list of at most 16 non-empty strings")] = None
+    samplers: Annotated[list[str] | str | None, Errors("samplers: must be a list of sampler names or a string")] = None
+    temperature: Temperature = None
+    top_k: Annotated[int | None, Field(ge=-1, le=100_000)] = None
+    top_p: Annotated[float | None, Field(ge=0.0, le=1.0)] = None
+    seed: Annotated[int | None, Field(ge=-1, le=MAX_SEED)] = None
+    stream: Annotated[bool, Errors("stream: must be true or false")] = False
+    cache_prompt: Annotated[bool, Errors("cache_prompt: must be true or false")] = True

@@ -12,6 +12,7 @@ the first-token time-out or the whole request outlasts its time-out. pipelines/r
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class InferenceError(RuntimeError):
@@ -84,6 +87,27 @@ class InProcessClient:
         self._embedder = None
         self._lock = threading.Lock()
         self._usage: dict[str, tuple[int, int]] = {}          # request_id -> (prompt, generated)
+        self._warming: threading.Thread | None = None
+        self.load_error: str | None = None
+
+    def model_loading(self) -> bool:
+        """The model is not loaded yet (or failed to load): a completion now would wait for it."""
+        return self._engine is None
+
+    def warm(self) -> None:
+        """Load the model in the background now (idempotent) rather than on the first request."""
+        def load():
+            try:
+                _ = self.engine
+                self.load_error = None
+            except Exception as exc:         # noqa: BLE001 - reported by health; the next use retries
+                self.load_error = f"{type(exc).__name__}: {exc}"
+                log.warning("in-process model %s failed to load: %s", self.model, self.load_error)
+        with self._lock:
+            if self._engine is not None or (self._warming is not None and self._warming.is_alive()):
+                return
+            self._warming = threading.Thread(target=load, name=f"load-{self.model}", daemon=True)
+            self._warming.start()
 
     @property
     def engine(self):

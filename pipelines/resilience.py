@@ -245,6 +245,21 @@ class FallbackClient:
                 return found
         return None
 
+    def model_loading(self) -> bool:
+        """The primary's model is still loading (an in-process engine; a remote one answers for itself)."""
+        loading = getattr(self.endpoints[0].client, "model_loading", None)
+        return bool(loading and loading())
+
+    def warm(self) -> None:
+        """Load every in-process model now, in the background."""
+        for ep in self.endpoints:
+            if hasattr(ep.client, "warm"):
+                ep.client.warm()
+
+    def in_process_engine(self):
+        """The primary's engine if it runs in this process (its tokenizer picks the FIM template)."""
+        return getattr(self.endpoints[0].client, "engine", None)
+
     def breaker_states(self) -> dict[str, str]:
         """endpoint name -> 'closed' | 'open' | 'half-open'."""
         return {ep.name: ep.breaker.current_state for ep in self.endpoints}

@@ -84,6 +84,7 @@ def tiny_client(embedder):
     from pipelines.inference_client import InProcessClient
     client = InProcessClient("random:tiny", dtype="float32", max_model_len=1024, kv_cache_memory_bytes=32 << 20)
     client._embedder = embedder
+    _ = client.engine                   # loaded, as the web app's start-up warms it (health answers 200)
     yield client
     client.close()
 

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import requests
 from werkzeug.serving import make_server
 
 from inference.online_engine import OnlineEngine
@@ -23,7 +24,11 @@ def service(embedder):
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", engine
+    url = f"http://127.0.0.1:{server.server_port}"
+    deadline = time.monotonic() + 60                  # the engine loads off the request path
+    while time.monotonic() < deadline and requests.get(f"{url}/ready", timeout=5).status_code != 200:
+        time.sleep(0.1)
+    yield url, engine
     server.shutdown()
     engine.shutdown()
 

@@ -1,0 +1,87 @@
+"""llama.cpp's /infill on the web app (the engine on the tiny random model: its text is noise, so
+these check the protocol), Tabby's settings route, health while the model loads, and that no
+successful response carries a Retry-After."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import create_app
+from pipelines.inference_client import InProcessClient
+
+AUTH = {"Authorization": "Bearer demo-api-key"}
+
+# llama.vscode's request (src/llama-server.ts, createRequestPayload): its default settings
+LLAMA_VSCODE = {"input_prefix": "def mean(xs):\n", "input_suffix": "\n\nprint(mean([1, 2]))\n",
+                "input_extra": [{"filename": "util.py", "text": "def total(xs):\n    return sum(xs)\n", "time": 1}],
+                "prompt": "    return ", "n_predict": 12, "top_k": 40, "top_p": 0.99, "stream": False,
+                "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+                "t_max_predict_ms": 1000, "n_indent": 4}
+
+
+@pytest.fixture(scope="module")
+def web(tiny_client, tmp_path_factory):
+    app = create_app({"KB_CACHE_DIR": str(tmp_path_factory.mktemp("kb")), "REDIS_URL": None}, client=tiny_client)
+    return app.test_client()
+
+
+def test_llama_vscode_request_gets_the_fields_it_reads(web):
+    resp = web.post("/infill", json=LLAMA_VSCODE, headers=AUTH)
+    assert resp.status_code == 200 and "Retry-After" not in resp.headers
+    out = resp.get_json()
+    assert isinstance(out["content"], str) and out["stop"] is True and out["stop_type"] in ("eos", "limit")
+    assert 0 < out["tokens_predicted"] <= 12 and out["tokens_evaluated"] > 0 and out["truncated"] is False
+    t = out["timings"]
+    assert t["prompt_n"] == out["tokens_evaluated"] and t["predicted_n"] == out["tokens_predicted"]
+    assert t["prompt_ms"] > 0 and t["predicted_per_second"] >= 0
+    assert out["generation_settings"]["temperature"] == 0.0            # no temperature sampler: greedy
+    again = web.post("/infill", json=LLAMA_VSCODE, headers=AUTH).get_json()
+    assert again["content"] == out["content"]                           # greedy is repeatable
+
+
+def test_warm_up_request_and_stream(web):
+    warm = web.post("/infill", json={"input_extra": [{"filename": "a.py", "text": "x = 1\n"}], "n_predict": 0,
+                                     "samplers": [], "t_max_predict_ms": 1}, headers=AUTH)
+    assert warm.status_code == 200 and warm.get_json()["content"] == ""
+    streamed = web.post("/infill", json={**LLAMA_VSCODE, "stream": True}, headers=AUTH)
+    assert streamed.mimetype == "text/event-stream"
+    lines = streamed.get_data(as_text=True).splitlines()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert [e["stop"] for e in events] == [False, True] and "timings" in events[-1]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"input_prefix": 3}, "input_prefix"), ({"n_predict": 100000}, "n_predict"),
+    ({"input_extra": [{"filename": "a"}]}, "input_extra"), ({"input_extra": "x"}, "input_extra"),
+    ({"stop": [""]}, "stop"), ({"samplers": 5}, "samplers"), (["x"], "body"),
+])
+def test_bad_bodies_say_what_is_wrong(web, body, field):
+    resp = web.post("/infill", json=body, headers=AUTH)
+    assert resp.status_code == 400 and field in resp.get_json()["error"]["message"]
+
+
+def test_infill_needs_the_api_key(web):
+    assert web.post("/infill", json=LLAMA_VSCODE).status_code == 401
+
+
+def test_tabby_server_setting_and_health_version(web):
+    resp = web.get("/v1beta/server_setting", headers=AUTH)
+    assert resp.status_code == 200 and resp.get_json() == {"disable_client_side_telemetry": True}
+    assert web.get("/v1beta/server_setting").status_code == 401
+    version = web.get("/v1/health").get_json()["version"]
+    assert version["git_describe"].startswith("v") and set(version) >= {"build_date", "git_sha"}
+
+
+def test_health_is_503_until_the_model_has_loaded(tmp_path, embedder):
+    client = InProcessClient("random:tiny", dtype="float32", max_model_len=256, kv_cache_memory_bytes=8 << 20)
+    client._embedder = embedder
+    web = create_app({"KB_CACHE_DIR": str(tmp_path), "REDIS_URL": None}, client=client).test_client()
+    try:
+        first = web.get("/v1/health")
+        assert first.status_code == 503 and first.headers["Retry-After"] == "5"
+        assert "loading" in first.get_json()["error"]["message"]
+        client._warming.join(120)                        # the probe started the load
+        assert web.get("/v1/health").status_code == 200
+    finally:
+        client.close()
