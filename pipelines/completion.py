@@ -70,6 +70,7 @@ class Prompt:
     key: str                  # the cache key: ends with what precedes the cursor
     typed: str                # spaces and tabs at the cursor that the text leaves out (completion_text.py)
     line_is_blank: bool       # the cursor's line holds only whitespace so far
+    after_blank: bool         # the prefix ends in a space or tab
     stops: list[str]
 
 
@@ -326,7 +327,7 @@ class CompletionService:
     def _prompt(self, req: CompletionRequest) -> Prompt:
         rules = self.languages.get(req.language, req.filepath)
         count = self.client.count_tokens
-        body, typed = split_typed(req.prefix)
+        body, typed = split_typed(req.prefix) if not self.template.uses_suffix else (req.prefix, "")
         prefix = fit_end_anchored(body, self.prefix_budget, count)
         suffix = fit_start(req.suffix, self.suffix_budget, count) if self.template.uses_suffix else ""
         snippets = list(req.snippets)
@@ -338,13 +339,16 @@ class CompletionService:
         head = ""
         if not self.template.uses_files:
             prefix = snippet_comments(snippets, rules, self.snippet_budget, count) + prefix
-        elif snippets or req.filepath:  # repository-level: other files, then the one being edited
+        elif snippets:                  # repository-level: other files, then the one being edited (the
+            # head alone, with no other file, made the 0.5B write a new function instead of the body)
             head = (self.template.repo_head(repo_label(req.repository))
                     + snippet_files(snippets, self.template, self.snippet_budget, count)
                     + self.template.file_block(req.filepath or "untitled", ""))
-        stops = list(dict.fromkeys(["\n\n", "\n\r\n", *rules.stops, *req.stop]))[:16]
+        markdown = req.language == "markdown" or (req.filepath or "").endswith((".md", ".markdown"))
+        fence = [] if markdown else ["\n```"]         # an instruct model closing a code block
+        stops = list(dict.fromkeys(["\n\n", "\n\r\n", *fence, *rules.stops, *req.stop]))[:16]
         return Prompt(head + self.template.render(prefix, suffix), f"{head}\x00{prefix}{typed}", typed,
-                      not req.prefix.rsplit("\n", 1)[-1].strip(), stops)
+                      not req.prefix.rsplit("\n", 1)[-1].strip(), req.prefix[-1:] in (" ", "\t"), stops)
 
     def complete(self, req: CompletionRequest) -> CompletionResult:
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -394,7 +398,7 @@ class CompletionService:
             if used is None:                                   # a client that does not report usage
                 used = (self.client.count_tokens(p.text), self.client.count_tokens(raw) if raw else 0)
             prompt_tokens, generated = used[0], generated + used[1]
-            text = cut_dedent(after_typed(raw, p.typed, p.line_is_blank), req.n_indent)
+            text = cut_dedent(after_typed(raw, p.typed, p.line_is_blank, p.after_blank), req.n_indent)
             texts.append(trim_completion(text, req.suffix))
         engine_s = time.perf_counter() - t0
         if req.n == 1 and texts[0]:

@@ -2,10 +2,12 @@
 trimming against the suffix, indentation limits and runaway repetition.
 
 Whitespace at the cursor. A prompt that ends in spaces or tabs ("    " on a blank indented line,
-"return ") ends mid-token for a BPE tokenizer: the model was trained on text where that
-whitespace is fused with the word after it, so it answers with an extra space, tab or newline.
-The prompt therefore stops before that whitespace (`split_typed`) and the model writes it
-itself; `after_typed` then removes what the user had already typed from the completion.
+"return ") ends mid-token for a BPE tokenizer: a model without FIM training answers with an
+extra space, tab or newline. For it the prompt stops before that whitespace (`split_typed`), the
+model writes it itself, and `after_typed` removes what the user had already typed. A FIM model
+(trained on holes that start anywhere) keeps the whitespace in its prompt: there, leaving it
+out made Qwen2.5-Coder-0.5B start a new function instead of the body at the cursor; only the
+extra whitespace and newlines it may still begin with are removed.
 """
 from __future__ import annotations
 
@@ -20,16 +22,18 @@ def split_typed(prefix: str) -> tuple[str, str]:
     return (prefix, "") if m is None else (prefix[:m.start()], m.group())
 
 
-def after_typed(text: str, typed: str, line_is_blank: bool) -> str:
+def after_typed(text: str, typed: str, line_is_blank: bool, after_blank: bool = False) -> str:
     """The completion for a cursor after `typed` (whitespace the prompt left out): that
     whitespace off its start; on a blank line also any newlines the model began with, so the
-    suggestion starts on the cursor's line at the indentation already there."""
+    suggestion starts on the cursor's line at the indentation already there. `after_blank`: the
+    prompt kept the whitespace that ends the prefix (an indentation typed, "return "), so any
+    the model adds at the start is one too many."""
     if line_is_blank:
         stripped = text.lstrip("\r\n")
         if stripped != text and stripped.strip():
             text = stripped
     if not typed:
-        return text
+        return text.lstrip(" \t") if after_blank else text
     if text.startswith(typed):
         return text[len(typed):]
     lead = len(text) - len(text.lstrip(" \t"))

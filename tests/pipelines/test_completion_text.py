@@ -35,6 +35,15 @@ def test_after_typed(text, typed, blank, want):
     assert after_typed(text, typed, blank) == want
 
 
+@pytest.mark.parametrize("text, blank, want", [
+    ("\tfmt.Println(x)", True, "fmt.Println(x)"),        # a FIM prompt kept the two tabs typed
+    ("\n\ttotal += v", True, "total += v"),
+    ("  a + b", False, "a + b"),                          # after "return "
+])
+def test_after_whitespace_kept_in_the_prompt(text, blank, want):
+    assert after_typed(text, "", blank, after_blank=True) == want
+
+
 def test_cut_dedent_ends_at_a_shallower_line():
     text = "x = 1\n        y = 2\n    z = 3\n        w"
     assert cut_dedent(text, 8) == "x = 1\n        y = 2"
@@ -85,15 +94,17 @@ def test_qwen_prompt_puts_other_files_first_and_names_the_current_one():
     text, _ = service.build_prompt(req)
     assert text == ("<|repo_name|>shop\n<|file_sep|>app/util.py\ndef helper():\n    return 1\n"
                     "<|file_sep|>app/main.py\n<|fim_prefix|>import util\n\nutil.<|fim_suffix|>\n<|fim_middle|>")
-    bare, _ = service.build_prompt(CompletionRequest(prefix="a = ", suffix=""))
-    assert bare == "<|fim_prefix|>a =<|fim_suffix|><|fim_middle|>"        # the typed space is the model's
+    bare, _ = service.build_prompt(CompletionRequest(prefix="a = ", suffix="", filepath="a.py"))
+    assert bare == "<|fim_prefix|>a = <|fim_suffix|><|fim_middle|>"       # no other file: plain FIM
 
 
-def test_the_plain_family_keeps_snippets_as_comments():
-    service = CompletionService(Core(["x"]), choose_fim_template(set()))
-    text, _ = service.build_prompt(CompletionRequest(prefix="y = ", language="python",
-                                                     snippets=[Snippet("u.py", "def g(): ...")]))
-    assert text == "# Path: u.py\n# def g(): ...\ny ="
+def test_the_plain_family_keeps_snippets_as_comments_and_heals_the_cursor():
+    core = Core([" x + 1"])
+    service = CompletionService(core, choose_fim_template(set()))
+    req = CompletionRequest(prefix="y = ", language="python", snippets=[Snippet("u.py", "def g(): ...")])
+    text, _ = service.build_prompt(req)
+    assert text == "# Path: u.py\n# def g(): ...\ny ="          # the typed space is the model's to write
+    assert service.complete(req).texts == ["x + 1"]
 
 
 @pytest.mark.parametrize("url, name", [("https://github.com/acme/shop.git", "shop"), ("git@host:team/api.git", "api"),
@@ -113,5 +124,5 @@ def test_whitespace_at_the_cursor_is_not_suggested_again():
     core = Core(["    ", "total += v"])
     service = CompletionService(core, choose_fim_template(QWEN_VOCAB))
     out = service.complete(CompletionRequest(prefix="for v in xs:\n    ", suffix="\nreturn total\n"))
-    assert out.texts == ["total += v"] and core.prompts[0].endswith("for v in xs:\n<|fim_suffix|>\nreturn total\n"
-                                                                   "<|fim_middle|>")
+    assert out.texts == ["total += v"]
+    assert core.prompts[0].endswith("for v in xs:\n    <|fim_suffix|>\nreturn total\n<|fim_middle|>")
