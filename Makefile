@@ -11,7 +11,7 @@ MODEL ?= qwen2.5-coder-0.5b
 # It has to be in the environment: libgomp reads it when torch loads it.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: model-1.5b run serve chat test test-fast lint bench install browser ops-tools clean
+.PHONY: model-1.5b run serve chat test test-fast lint bench install browser ops-tools ide-clients clean
 
 install: $(STAMP)
 
@@ -56,7 +56,13 @@ ops-tools:
 	@command -v promtool >/dev/null && command -v docker-compose >/dev/null || \
 		(apt-get update -q && apt-get install -y -q prometheus docker-compose)
 
-test: $(STAMP) browser ops-tools lint
+# Tabby's editor agent (its IDE plugins' language server), which a test drives against the app.
+IDE_CLIENTS := $(VENV)/ide-clients
+ide-clients:
+	@test -f $(IDE_CLIENTS)/node_modules/tabby-agent/package.json || \
+		npm install -q --no-audit --no-fund --prefix $(IDE_CLIENTS) tabby-agent@1.5.0
+
+test: $(STAMP) browser ops-tools ide-clients lint
 	$(PY) -m pytest -q --durations=15 tests
 
 # ruff's rules and import-linter's layer contracts are in pyproject.toml

@@ -327,7 +327,11 @@ class CompletionService:
     def _prompt(self, req: CompletionRequest) -> Prompt:
         rules = self.languages.get(req.language, req.filepath)
         count = self.client.count_tokens
-        body, typed = split_typed(req.prefix) if not self.template.uses_suffix else (req.prefix, "")
+        line_is_blank = not req.prefix.rsplit("\n", 1)[-1].strip()
+        # whitespace at the cursor leaves the prompt (completion_text.py), except a FIM model's
+        # indentation on a blank line
+        body, typed = split_typed(req.prefix) if not (self.template.uses_suffix and line_is_blank) else (
+            req.prefix, "")
         prefix = fit_end_anchored(body, self.prefix_budget, count)
         suffix = fit_start(req.suffix, self.suffix_budget, count) if self.template.uses_suffix else ""
         snippets = list(req.snippets)
@@ -348,7 +352,7 @@ class CompletionService:
         fence = [] if markdown else ["\n```"]         # an instruct model closing a code block
         stops = list(dict.fromkeys(["\n\n", "\n\r\n", *fence, *rules.stops, *req.stop]))[:16]
         return Prompt(head + self.template.render(prefix, suffix), f"{head}\x00{prefix}{typed}", typed,
-                      not req.prefix.rsplit("\n", 1)[-1].strip(), req.prefix[-1:] in (" ", "\t"), stops)
+                      line_is_blank, req.prefix[-1:] in (" ", "\t"), stops)
 
     def complete(self, req: CompletionRequest) -> CompletionResult:
         rid = f"cmpl-{uuid.uuid4().hex}"

@@ -2,12 +2,13 @@
 trimming against the suffix, indentation limits and runaway repetition.
 
 Whitespace at the cursor. A prompt that ends in spaces or tabs ("    " on a blank indented line,
-"return ") ends mid-token for a BPE tokenizer: a model without FIM training answers with an
-extra space, tab or newline. For it the prompt stops before that whitespace (`split_typed`), the
-model writes it itself, and `after_typed` removes what the user had already typed. A FIM model
-(trained on holes that start anywhere) keeps the whitespace in its prompt: there, leaving it
-out made Qwen2.5-Coder-0.5B start a new function instead of the body at the cursor; only the
-extra whitespace and newlines it may still begin with are removed.
+"return ") ends mid-token for a BPE tokenizer, whose words carry their leading space (" width"):
+the model answers with an extra space, tab or newline, or loses its way (Qwen2.5-Coder-0.5B
+after "return ": a print call instead of "width * height"). So the prompt stops before that
+whitespace (`split_typed`), the model writes it itself, and `after_typed` removes what the
+user had already typed. One exception, measured: a FIM model's indentation on a blank line stays
+in the prompt (left out, the 0.5B started a new function instead of the body at the cursor in
+Go and JavaScript); only extra whitespace and newlines it may begin with are removed.
 """
 from __future__ import annotations
 
@@ -49,11 +50,13 @@ def trim_completion(text: str, suffix: str, min_chars: int = 1) -> str:
     lines = text.split("\n")
     if first_suffix_line.strip() and lines[0].endswith(first_suffix_line):       # e.g. the closing ")"
         lines[0] = lines[0][: len(lines[0]) - len(first_suffix_line)]
-    next_line = next((line.strip() for line in suffix.split("\n")[1:] if line.strip()), "") if not \
-        first_suffix_line.strip() else first_suffix_line.strip()
+    # the suffix's next line, indentation included: a "}" deeper than the suffix's closes a block
+    # the completion opened, and is kept
+    next_line = next((line.rstrip() for line in suffix.split("\n")[1:] if line.strip()), "") if not \
+        first_suffix_line.strip() else first_suffix_line.rstrip()
     if next_line:
         for i, line in enumerate(lines[1:], start=1):
-            if line.strip() == next_line:                # the suffix's next line is already there
+            if line.rstrip() == next_line:               # the suffix's next line is already there
                 lines = lines[:i]
                 break
     out = "\n".join(lines).rstrip()

@@ -90,6 +90,18 @@ def tiny_client(embedder):
 
 
 @pytest.fixture(scope="session")
+def qwen_client(embedder):
+    """The default model, Qwen2.5-Coder-0.5B (Q4_K_M GGUF, ~6 s to load), in process: for tests
+    whose assertion is about the text a real model writes."""
+    from pipelines.inference_client import InProcessClient
+    client = InProcessClient("qwen2.5-coder-0.5b", max_model_len=2048, kv_cache_memory_bytes=64 << 20)
+    client._embedder = embedder
+    _ = client.engine
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
 def redis_server():
     """Redis on 127.0.0.1:6379: the machine's own, else one started here (redis-server)."""
     import shutil

@@ -91,6 +91,7 @@ def test_snippets_become_path_labelled_comments_within_budget():
     ("x = 1\n    y = 2\nprint(x)", "\nprint(x)\n", "x = 1\n    y = 2"),   # stops where the suffix repeats
     ("   \n  ", "", ""),                                                 # nothing useful
     ("print(x)", "print(x)\n", ""),                                      # only echoes the suffix
+    ("if (x > b) {\n      b = x;\n    }\n  }", "\n  }\n  return b;\n", "if (x > b) {\n      b = x;\n    }"),
 ])
 def test_trimming(text, suffix, want):
     assert trim_completion(text, suffix) == want
