@@ -45,6 +45,7 @@ class ChatServices:
         self.last_build_error: str | None = None
         self.full_since: float | None = None             # time.time() the full pipeline came up
         self.banned = BannedWordFilter.from_file(config.get("BANNED_WORDS_PATH"))
+        self.kb_banned_terms: dict[str, list[str]] = {}      # article -> banned terms in it (last index)
 
     def clean(self, text: str) -> str:
         """Text as it may be stored and shown: PII redacted, banned terms masked (agents' replies,
@@ -73,8 +74,21 @@ class ChatServices:
         return KnowledgeBase(self.client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
 
     # ---- the two builds --------------------------------------------------------------------
+    def check_articles(self, chunks) -> None:
+        """Index-time compliance: every banned term an article contains is logged (file and term)
+        and counted (web_kb_banned_terms); replies that quote it are masked like generated ones."""
+        found: dict[str, set[str]] = {}
+        for chunk in chunks:
+            for match in self.banned.find(chunk.text):
+                found.setdefault(chunk.source, set()).add(match.term)
+        for source, terms in sorted(found.items()):
+            log.warning("knowledge base: kb/%s contains banned term(s) %s; replies quoting it are masked",
+                        source, ", ".join(sorted(terms)))
+        self.kb_banned_terms = {source: sorted(terms) for source, terms in found.items()}
+
     def _pipeline(self, embed) -> SupportChat:
-        kb = KnowledgeBase(embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
+        kb = KnowledgeBase(embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"),
+                           on_index=self.check_articles)
         detector = IntentDetector(load_intents(self.config.get("INTENTS_PATH")), embed,
                                   cache_dir=kb.cache_dir if embed is not None else None)
         return SupportChat(self.client, detector, kb, self.banned, temperature=self.config["CHAT_TEMPERATURE"],

@@ -122,9 +122,11 @@ def chunk_article(text: str, source: str) -> list[Chunk]:
 
 class KnowledgeBase:
     def __init__(self, embed, path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
-                 min_similarity: float = 0.35, check_interval: float = 2.0, model_name: str = "all-MiniLM-L6-v2"):
+                 min_similarity: float = 0.35, check_interval: float = 2.0, model_name: str = "all-MiniLM-L6-v2",
+                 on_index=None):
         """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed), or None for a
-        lexical-only index."""
+        lexical-only index. `on_index(chunks)` is called with every (re)indexed set of chunks
+        (the compliance check of the articles)."""
         self.path = resolve("kb", path, "KB_PATH")
         if not self.path.is_dir():
             raise ValueError(f"knowledge base: {self.path} is not a directory")
@@ -136,6 +138,7 @@ class KnowledgeBase:
         self.fingerprint = ""
         self._index: _Index | None = None
         self.num_builds = 0
+        self.on_index = on_index
         self._reload(self._fingerprint())
 
     # ---- index ---------------------------------------------------------------------------
@@ -163,6 +166,8 @@ class KnowledgeBase:
             chunks.extend(found)
         if not chunks:
             raise ValueError(f"knowledge base: no Markdown articles in {self.path}")
+        if self.on_index is not None:
+            self.on_index(chunks)
         spans = [s for c in chunks for s in chunk_spans(c)]
         vecs = span_vecs = None
         if self.embed is not None:

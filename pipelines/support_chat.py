@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -254,7 +254,7 @@ class SupportChat:
             return
         said = "".join(parts).strip()
         if not said or missing_facts(said, selection.spans):
-            quote = quoted_reply(selection.spans, clean_text)
+            quote = self.banned.mask(quoted_reply(selection.spans, clean_text))[0]
             piece = f"{' ' if said else ''}{quote}"
             parts.append(piece)
             yield "token", piece
@@ -319,7 +319,7 @@ class SupportChat:
         if parts:
             parts.append("\n\n")
             yield "token", "\n\n"
-        fallback = self._degraded_text(text, passages)
+        fallback = self.banned.mask(self._degraded_text(text, passages))[0]
         parts.append(fallback)
         yield "token", fallback
         cites = _citations([p.chunk for p in passages])[:1]
@@ -334,10 +334,12 @@ class SupportChat:
         return (f"{canned('degraded', text)}\n\n**{best.title}**: {excerpt}\n\n"
                 f"{canned('not_found', text).split('. ')[-1]}")
 
-    @staticmethod
-    def _canned(reply: str, result: ChatReply) -> Iterator[tuple[str, object]]:
-        yield "token", reply
-        yield "done", result
+    def _canned(self, reply: str, result: ChatReply) -> Iterator[tuple[str, object]]:
+        """A reply not written by the model (a quote, a canned line): the output filter still
+        applies, so a help-centre sentence with a banned term is masked like a generated one."""
+        masked = self.banned.mask(reply)[0]
+        yield "token", masked
+        yield "done", result if masked == reply else replace(result, reply=self.banned.mask(result.reply)[0])
 
 
 def _citations(chunks: list[Chunk]) -> list[dict]:
