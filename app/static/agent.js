@@ -10,7 +10,7 @@
  * Untrusted text (messages, names, summaries) only reaches the DOM through textContent.
  */
 import { initialLang, lang, setLang, t, translateShell } from "./agent_i18n.js";
-import { $, api, describe, h, isTypingTarget, onUnauthorized, parseTime, setCsrf, shortTime } from "./agent_util.js";
+import { $, api, describe, h, icon, isTypingTarget, onUnauthorized, parseTime, setCsrf, shortTime } from "./agent_util.js";
 import * as conversation from "./agent_conversation.js";
 import { initReports, loadReports, renderReports } from "./agent_reports.js";
 
@@ -378,7 +378,8 @@ function showShortcuts() {
 
 function renderLangToggle() {
   const b = $("lang-toggle");
-  b.textContent = t("langToggle");
+  b.textContent = "";
+  b.append(icon("globe"), " " + t("langToggle"));       // the globe draws without any emoji or CJK font
   b.setAttribute("aria-label", t("langToggleLabel"));
   b.setAttribute("lang", lang() === "zh" ? "en" : "zh-CN");
 }

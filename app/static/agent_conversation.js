@@ -8,7 +8,7 @@
  *                                                  (follow: show the tab it is in now)
  */
 import { t } from "./agent_i18n.js";
-import { $, ApiError, api, describe, fullTime, h, safeHref, shortTime } from "./agent_util.js";
+import { $, ApiError, api, describe, fullTime, h, icon, safeHref, shortTime } from "./agent_util.js";
 
 const TYPING_REFRESH_MS = 3000;   // while typing, re-send "typing: true" at most this often
 const TYPING_IDLE_MS = 4000;      // no keystroke for this long: "typing: false"
@@ -170,7 +170,8 @@ function renderFeedback(items) {
     ul.appendChild(li);
     if (f.kind !== "csat" && typeof f.message_index === "number") {   // mark the rated bot reply too
       const msg = $("transcript").querySelector('[data-index="' + f.message_index + '"]');
-      if (msg) msg.appendChild(h("span", { class: "tag msg-rated", text: (f.rating === "up" ? "👍 " : "👎 ") + t(f.rating === "up" ? "thumbsUp" : "thumbsDown") }));
+      if (msg) msg.appendChild(h("span", { class: "tag msg-rated" },
+        [icon("thumbUp", null, f.rating !== "up"), " " + t(f.rating === "up" ? "thumbsUp" : "thumbsDown")]));
     }
   });
 }
@@ -187,7 +188,7 @@ function csatNode(f) {
 function thumbsNode(f) {
   const up = f.rating === "up";
   return h("li", { class: "fb fb-thumbs", "data-testid": "feedback-item", "data-rating": up ? "up" : "down" }, [
-    h("span", { "aria-hidden": "true", text: up ? "👍" : "👎" }),
+    icon("thumbUp", null, !up),
     h("span", { class: "fb-label", text: t(up ? "thumbsUp" : "thumbsDown") +
       (typeof f.message_index === "number" ? " · " + t("onMessage", { n: f.message_index + 1 }) : "") }),
     f.comment ? h("q", { class: "fb-comment", text: String(f.comment) }) : null,

@@ -22,6 +22,32 @@ export function h(tag, attrs, children) {
 
 export const $ = (id) => document.getElementById(id);
 
+/* Inline SVG icons: emoji render as empty boxes where no emoji font is installed (Chromium's
+ * default on a server). Paths are constants of this file, drawn on a 24-unit grid. */
+export const ICONS = {
+  thumbUp: "M2 10h4v11H2zM8 21V10l4.6-7.2c.8-1.2 2.7-.6 2.6.9L14.8 9H20a2 2 0 0 1 2 2.3l-1.3 8A2 2 0 0 1 18.7 21z",
+  globe: "M12 2a10 10 0 1 0 0 20 10 10 0 0 0 0-20zm6.9 9h-3a15 15 0 0 0-1.4-6.3A8 8 0 0 1 18.9 11zM12 4.1c.9 1.3 " +
+    "1.8 3.7 1.9 6.9h-3.8c.1-3.2 1-5.6 1.9-6.9zM9.5 4.7A15 15 0 0 0 8.1 11h-3a8 8 0 0 1 4.4-6.3zM5.1 13h3a15 15 0 0 0 " +
+    "1.4 6.3A8 8 0 0 1 5.1 13zm6.9 6.9c-.9-1.3-1.8-3.7-1.9-6.9h3.8c-.1 3.2-1 5.6-1.9 6.9zm2.5-.6a15 15 0 0 0 " +
+    "1.4-6.3h3a8 8 0 0 1-4.4 6.3z",
+};
+
+/** An icon as an <svg>: decorative (aria-hidden) unless `label` names it (role img). `flip`
+ * turns it upside down (a thumb down from the thumb up). */
+export function icon(name, label, flip) {
+  const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+  const path = svg.appendChild(document.createElementNS(ns, "path"));
+  path.setAttribute("d", ICONS[name]);
+  path.setAttribute("fill", "currentColor");
+  if (flip) path.setAttribute("transform", "rotate(180 12 12)");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("class", "icon");
+  svg.setAttribute("focusable", "false");
+  if (label) { svg.setAttribute("role", "img"); svg.setAttribute("aria-label", label); }
+  else svg.setAttribute("aria-hidden", "true");
+  return svg;
+}
+
 /** A link target that cannot run script: absolute http(s), a same-origin path, or a KB article. */
 export function safeHref(raw) {
   const s = String(raw || "").trim();

@@ -121,16 +121,20 @@
 
   function setChildren(el, node) { el.textContent = ""; el.appendChild(node); }
 
-  function icon(d) { // tiny inline SVG; `d` is a constant path from this file, never user data
+  // tiny inline SVG; `d` is a constant path from this file, never user data. Emoji are not used:
+  // they render as empty boxes where no emoji font is installed. `flip`: upside down.
+  function icon(d, flip) {
     const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
     const path = svg.appendChild(document.createElementNS(ns, "path"));
     path.setAttribute("d", d);
+    if (flip) path.setAttribute("transform", "rotate(180 12 12)");
     [["viewBox", "0 0 24 24"], ["aria-hidden", "true"], ["focusable", "false"]].forEach((a) => svg.setAttribute(a[0], a[1]));
     return svg;
   }
   const ICON_CHAT = "M4 3h16a2 2 0 0 1 2 2v11a2 2 0 0 1-2 2H9l-5 4v-4a2 2 0 0 1-2-2V5a2 2 0 0 1 2-2z";
   const ICON_CLOSE = "M6.4 5 5 6.4 10.6 12 5 17.6 6.4 19l5.6-5.6 5.6 5.6 1.4-1.4-5.6-5.6L19 6.4 17.6 5 12 10.6z";
   const ICON_SEND = "M3 20.5 21.5 12 3 3.5V10l13 2-13 2z";
+  const ICON_THUMB = "M2 10h4v11H2zM8 21V10l4.6-7.2c.8-1.2 2.7-.6 2.6.9L14.8 9H20a2 2 0 0 1 2 2.3l-1.3 8A2 2 0 0 1 18.7 21z";
 
   /* ------------------------------------------------------------------ safe Markdown */
 
@@ -585,8 +589,8 @@
     const button = (rating) => h("button", {
       type: "button", class: "nw-fb", "data-testid": "nw-feedback-" + rating, "aria-pressed": "false",
       "aria-label": t(rating === "up" ? "helpful" : "notHelpful"), title: t(rating === "up" ? "helpful" : "notHelpful"),
-      text: rating === "up" ? "👍" : "👎", onclick: () => vote(rating),
-    });
+      onclick: () => vote(rating),
+    }, [icon(ICON_THUMB, rating === "down")]);
     const up = button("up"), down = button("down");
     async function vote(rating) {
       const chosen = rating === "up" ? up : down;

@@ -285,6 +285,8 @@ def test_handoff_between_widget_and_agent_console(server, browser):
     snap("09-reports")
     agent.keyboard.press("Escape")
     expect(a("shortcuts-dialog")).to_be_hidden()
+    expect(a("lang-toggle").locator("svg.icon")).to_have_count(1)           # a globe drawn inline, not an emoji
+    expect(a("lang-toggle")).to_have_accessible_name("切换到中文")
     a("lang-toggle").click()
     expect(a("tab-pending_human")).to_contain_text("等待中")
     expect(a("report-conversations")).to_contain_text("对话数")

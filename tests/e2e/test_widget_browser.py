@@ -193,6 +193,10 @@ def test_widget_conversation_in_chromium(server, page):
     # --- thumbs up: both buttons lock, the chosen one is pressed, the server said thanks
     up = page.locator(f"{ASSISTANT} [data-testid=nw-feedback-up]")
     down = page.locator(f"{ASSISTANT} [data-testid=nw-feedback-down]")
+    for button, name in ((up, "Helpful"), (down, "Not helpful")):     # SVG icons: no emoji font needed
+        expect(button.locator("svg")).to_have_count(1)
+        expect(button).to_have_accessible_name(name)
+        assert button.inner_text().strip() == ""
     up.click()
     expect(page.locator(f"{ASSISTANT} .nw-thanks")).to_have_text("Thanks")
     expect(up).to_be_disabled()
