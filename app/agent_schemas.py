@@ -81,6 +81,7 @@ class ConversationItem(BaseModel):
     id: str
     status: STATUS
     summary: str = Field(description="the handoff summary written for the agent ('' until written)")
+    first_question: str = Field(description="the customer's first message: the inbox title ('' if none)")
     last_message: str
     updated_at: str = Field(description="ISO 8601, UTC")
     assignee: Assignee | None

@@ -197,8 +197,9 @@ class ConversationStore:
             rows = s.scalars(q.order_by(Conversation.updated_at.desc(), Conversation.id.desc()).limit(limit + 1)).all()
             page = rows[:limit]
             last = self._last_messages(s, [c.id for c in page])
+            first = self._first_questions(s, [c.id for c in page])
             queue = self._queue_positions(s, tenant)
-            out = [self._list_item(c, last.get(c.id), queue.get(c.id)) for c in page]
+            out = [self._list_item(c, last.get(c.id), queue.get(c.id), first.get(c.id)) for c in page]
             cursor = (page[-1].updated_at, page[-1].id) if len(rows) > limit else None
             return out, cursor
 
@@ -208,11 +209,12 @@ class ConversationStore:
             if conv is None:
                 return None
             return self._list_item(conv, self._last_messages(s, [sid]).get(sid),
-                                   self._queue_positions(s, tenant).get(sid))
+                                   self._queue_positions(s, tenant).get(sid), self._first_questions(s, [sid]).get(sid))
 
     @staticmethod
-    def _list_item(c: Conversation, last: str | None, position: int | None) -> dict:
+    def _list_item(c: Conversation, last: str | None, position: int | None, first: str | None = None) -> dict:
         return {"id": c.id, "status": c.status, "summary": c.summary,
+                "first_question": (first or "")[:LAST_MESSAGE_CHARS],
                 "last_message": (last or "")[:LAST_MESSAGE_CHARS], "updated_at": iso(c.updated_at),
                 "assignee": {"id": c.assignee.id, "name": c.assignee.name} if c.assignee is not None else None,
                 "queue_position": position}
@@ -225,6 +227,18 @@ class ConversationStore:
                   .where(Message.conversation_id.in_(ids)).group_by(Message.conversation_id).subquery())
         rows = s.execute(select(Message.conversation_id, Message.content).join(
             latest, (Message.conversation_id == latest.c.conversation_id) & (Message.seq == latest.c.seq)))
+        return dict(rows.all())
+
+    @staticmethod
+    def _first_questions(s: Session, ids: list[str]) -> dict[str, str]:
+        """The customer's first message per conversation (the inbox title), blocked ones skipped."""
+        if not ids:
+            return {}
+        first = (select(Message.conversation_id, func.min(Message.seq).label("seq"))
+                 .where(Message.conversation_id.in_(ids), Message.role == "user", Message.blocked.is_(False))
+                 .group_by(Message.conversation_id).subquery())
+        rows = s.execute(select(Message.conversation_id, Message.content).join(
+            first, (Message.conversation_id == first.c.conversation_id) & (Message.seq == first.c.seq)))
         return dict(rows.all())
 
     @staticmethod

@@ -11,12 +11,7 @@ import threading
 from celery import Celery, Task, shared_task
 from flask import Flask, current_app, has_app_context
 
-from filters.stream_guard import sanitize
 from pipelines.inference_client import InferenceError
-
-SUMMARY_PROMPT = ("Summarise this customer-support conversation for the human agent taking it over, in at "
-                  "most 3 short bullet points: what the customer wants, what was already answered, and what "
-                  "is still open.")
 
 
 def celery_init_app(app: Flask) -> Celery:
@@ -78,32 +73,24 @@ def start_or_queue(task, *args) -> None:
         current_app.extensions["outbox"].put(task, args)
 
 
-def extractive_summary(messages: list[dict]) -> str:
-    asks = [m["content"] for m in messages if m["role"] == "user"][-3:]
-    lines = [f"- Customer said: {a[:200]}" for a in asks]
-    return "\n".join(lines) or "- (no messages)"
-
-
 @shared_task(ignore_result=False, acks_late=True, max_retries=3, default_retry_delay=5)
 def summarize_handoff(tenant_id: str, session_id: str) -> str:
-    """Write a summary of the conversation for the agent taking it over (status unchanged).
-    Falls back to an extractive summary when the model is unavailable."""
+    """Write the summary the agent taking the conversation over reads (status unchanged): the
+    model's one or two sentences when the transcript supports them, else the customer's own
+    words (pipelines/handoff_summary.py)."""
+    from pipelines.handoff_summary import summarize
     ext = current_app.extensions["support_chat"]
     store, client = ext["store"], ext["services"].client
     if not store.exists(tenant_id, session_id):
         return ""
     messages = [m for m in store.messages(tenant_id, session_id) if not m.get("blocked")]
-    summary = ""
-    if messages:
-        transcript = "\n".join(f"{m['role']}: {m['content']}" for m in messages[-12:])
-        try:
-            summary = "".join(client.chat_stream([{"role": "system", "content": SUMMARY_PROMPT},
-                                                  {"role": "user", "content": transcript}],
-                                                 temperature=0.2, max_tokens=160)).strip()
-        except InferenceError:
-            summary = ""
-    # the model's text goes through the same compliance filters as a reply
-    summary = sanitize(summary, ext["services"].banned) if summary else extractive_summary(messages)
+
+    def chat(prompt):
+        return "".join(client.chat_stream(prompt, temperature=0.0, max_tokens=96))
+    summary, how = summarize(messages, chat, ext["services"].banned)
+    if not summary:
+        summary = "(no messages)"
+    current_app.logger.info("handoff summary for %s: %s", session_id, how)
     store.set_summary(tenant_id, session_id, summary)
     return summary
 

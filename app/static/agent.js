@@ -183,7 +183,7 @@ function renderInbox() {
 
 function itemNode(c) {
   const me = state.agent;
-  const title = c.summary || c.last_message || t("noMessages");
+  const title = c.first_question || c.last_message || t("noMessages");   // the customer's words, not a summary
   const meta = [h("time", { datetime: c.updated_at || "", text: shortTime(c.updated_at) })];
   if (c.status === "pending_human" && typeof c.queue_position === "number") {
     meta.push(h("span", { class: "queue", text: t("queuePosition", { n: c.queue_position }) }));
@@ -198,7 +198,8 @@ function itemNode(c) {
   }, [
     c.unread ? h("span", { class: "dot", "data-testid": "unread" }, [h("span", { class: "sr-only", text: t("unread") })]) : null,
     h("span", { class: "item-title", text: title }),
-    c.summary && c.last_message ? h("span", { class: "item-last", text: c.last_message }) : null,
+    c.summary || (c.first_question && c.last_message && c.last_message !== c.first_question)
+      ? h("span", { class: "item-last", text: c.summary || c.last_message }) : null,
     h("span", { class: "item-meta" }, meta),
   ]);
 }

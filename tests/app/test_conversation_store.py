@@ -146,6 +146,19 @@ def test_inbox_pages_newest_first_with_a_cursor(db):
     assert [r["id"] for r in pending] == [ids[2]] and pending[0]["queue_position"] == 1
 
 
+def test_the_inbox_title_is_the_customer_s_first_question(db):
+    store = ConversationStore(db)
+    sid = store.create("demo")
+    for role, text, blocked in [("assistant", "Hi! How can I help?", False), ("user", "spam spam", True),
+                                ("user", "Can I change the delivery address of my order?", False),
+                                ("assistant", "Until it ships, yes.", False), ("user", "You're on it, right?", False)]:
+        store.append("demo", sid, {"role": role, "content": text, "blocked": blocked})
+    item = store.list_item("demo", sid)
+    assert item["first_question"] == "Can I change the delivery address of my order?"
+    assert item["last_message"] == "You're on it, right?"
+    assert store.list("demo")[0][0]["first_question"] == item["first_question"]
+
+
 def test_retention_deletes_old_conversations_with_their_rows(db):
     store, handoffs = ConversationStore(db), Handoffs(db)
     old, new = store.create("demo"), store.create("demo")
