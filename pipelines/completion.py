@@ -173,6 +173,12 @@ class FimTemplate:
         return "{suffix}" in self.template
 
     @property
+    def fim_marker(self) -> str:
+        """The template's last special token ("<|fim_middle|>"); '' for a family whose prompt
+        ends with the prefix."""
+        return self.template.rsplit("}", 1)[-1] if self.uses_suffix else ""
+
+    @property
     def uses_files(self) -> bool:
         """Other files go before the prompt as repository files, not as comments."""
         return bool(self.file_sep)
@@ -326,6 +332,12 @@ class CompletionService:
 
     def _prompt(self, req: CompletionRequest) -> Prompt:
         rules = self.languages.get(req.language, req.filepath)
+        marker = self.template.fim_marker
+        if marker and marker in req.prefix:
+            # a client that renders the FIM template itself (Continue's autocomplete over an
+            # OpenAI provider): its prompt goes to the model as written
+            stops = list(dict.fromkeys(["\n\n", "\n\r\n", *rules.stops, *req.stop]))[:16]
+            return Prompt(req.prefix, f"\x00{req.prefix}", "", False, False, stops)
         count = self.client.count_tokens
         line_is_blank = not req.prefix.rsplit("\n", 1)[-1].strip()
         # whitespace at the cursor leaves the prompt (completion_text.py), except a FIM model's

@@ -1,5 +1,5 @@
-"""Answer accuracy of the support chat, end to end: the real app (`python -m app serve`, SmolLM2
-on the CPU) driven through its HTTP API with streamed replies, on an evaluation set of questions
+"""Answer accuracy of the support chat, end to end: the real app (`python -m app serve`, its
+default model on the CPU, or MODEL) driven through its HTTP API with streamed replies, on an evaluation set of questions
 whose correct replies must state known facts of the help centre.
 
 Per reply it scores:
@@ -106,8 +106,9 @@ def app_server(kb: Path, log_file, tenants_path: Path | None = None):
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"the app exited with {proc.returncode} (log: {log_file.name})")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+            with contextlib.suppress(httpx.TransportError):        # ready, and the model loaded
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200 and \
+                        httpx.get(f"{url}/v1/health", timeout=5).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError("the app was not ready after 600 s")

@@ -1,8 +1,8 @@
 """llama.cpp as a benchmark peer: build `llama-server` and `llama-bench` once from the vendored
 source of the `llama-cpp-python` sdist, cached outside the repository, and run the server.
 
-A bench tool, never a product dependency. The build is CPU-only, native (the machine's
-AVX-512 / AMX), Release; about ten minutes on two cores the first time.
+A bench tool, never a product dependency. The build is CPU-only, Release, for one of our ISA
+levels (AVX-512 with VNNI and BF16, or AVX2); about five minutes on two cores the first time.
 
     .venv/bin/python -m bench.cpu.llamacpp [avx512_vnni] [avx2]   # build (or find) them, print the paths
 """
@@ -27,8 +27,12 @@ def cache_dir() -> Path:
 
 # ISA level (ours, inference/kernels/cpu_ops.py) -> llama.cpp's build for the same level: the
 # machine's native flags for the top one, explicit GGML options (GGML_NATIVE=OFF) below it
+# (AMX stays off: on a VM that lists AMX in its CPU flags without enabling its tile state,
+# -march=native built ggml's AMX kernels and llama-server died of SIGILL; our kernels use none)
 LEVEL_OPTIONS = {
-    "avx512_vnni": ["-DGGML_NATIVE=ON"],
+    "avx512_vnni": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                    "-DGGML_BMI2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
+                    "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
 }

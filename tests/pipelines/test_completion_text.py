@@ -95,7 +95,8 @@ def test_qwen_prompt_puts_other_files_first_and_names_the_current_one():
     assert text == ("<|repo_name|>shop\n<|file_sep|>app/util.py\ndef helper():\n    return 1\n"
                     "<|file_sep|>app/main.py\n<|fim_prefix|>import util\n\nutil.<|fim_suffix|>\n<|fim_middle|>")
     bare, _ = service.build_prompt(CompletionRequest(prefix="a = ", suffix="", filepath="a.py"))
-    assert bare == "<|fim_prefix|>a = <|fim_suffix|><|fim_middle|>"       # no other file: plain FIM
+    assert bare == "<|fim_prefix|>a =<|fim_suffix|><|fim_middle|>"        # no other file: plain FIM, the
+    # space typed after text is the model's to write
 
 
 def test_the_plain_family_keeps_snippets_as_comments_and_heals_the_cursor():
@@ -126,3 +127,11 @@ def test_whitespace_at_the_cursor_is_not_suggested_again():
     out = service.complete(CompletionRequest(prefix="for v in xs:\n    ", suffix="\nreturn total\n"))
     assert out.texts == ["total += v"]
     assert core.prompts[0].endswith("for v in xs:\n    <|fim_suffix|>\nreturn total\n<|fim_middle|>")
+
+
+def test_a_prompt_that_already_holds_the_fim_template_goes_as_written():
+    core = Core(["a + b"])
+    service = CompletionService(core, choose_fim_template(QWEN_VOCAB))
+    raw = "<|fim_prefix|>def add(a, b):\n    return <|fim_suffix|>\n<|fim_middle|>"
+    assert service.complete(CompletionRequest(prefix=raw, suffix="")).texts == ["a + b"]
+    assert core.prompts == [raw]
