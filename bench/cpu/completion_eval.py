@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     tasks = load_tasks(args.tasks, args.limit)
     rows = []
-    for model in args.models.split(","):
+    for model in [m for m in args.models.split(",") if m]:
         rows.append({"server": "ours /v1/completions", "model": model, **ours(model, tasks)})
         print(rows[-1], flush=True)
     if not args.no_llamacpp:
