@@ -462,7 +462,11 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
         hf = getattr(engine.tokenizer, "hf", None)
         vocab = hf.get_vocab() if hf is not None else ()
         model_type = getattr(getattr(engine.engine, "arch", None), "model_type", None)
-    service = CompletionService(client, choose_fim_template(vocab, model_type))
+    budgets = {name: int(os.environ[var]) for name, var in (("prefix_budget", "COMPLETION_PREFIX_TOKENS"),
+                                                            ("suffix_budget", "COMPLETION_SUFFIX_TOKENS"),
+                                                            ("snippet_budget", "COMPLETION_SNIPPET_TOKENS"))
+               if os.environ.get(var)}
+    service = CompletionService(client, choose_fim_template(vocab, model_type), **budgets)
     folder = Path(index_dir) if index_dir else DEFAULT_INDEX_DIR
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         index = CodeIndex.load(path.stem, folder)

@@ -1,11 +1,12 @@
 """Completion latency while typing: one replayed trace through our web app's /infill and through
 llama.cpp's llama-server /infill on the same GGUF file, the same requests, in one run.
 
-The trace: a developer writes three real files (this project's own modules) top to bottom; on
-every line of 12+ characters, with half of the line typed, the editor asks for a single-line
-completion and waits for it. The body is llama.vscode's (src/llama-server.ts: input_prefix =
-up to 256 lines before the cursor's line, prompt = the line up to the cursor, input_suffix =
-the rest of the line and 64 lines after, n_predict 128, top_k 40, top_p 0.99, samplers
+The trace: a developer writes lines into three real files (this project's own modules) top to
+bottom; on every line of 12+ characters, with half of the line typed, the editor asks for a
+single-line completion (the rest of the line) and waits for it. The body is llama.vscode's
+(src/llama-server.ts: input_prefix = up to 256 lines before the cursor's line, prompt = the line
+up to the cursor, input_suffix = the 64 lines after (the rest of the line is not typed yet),
+n_predict 128, top_k 40, top_p 0.99, samplers
 [top_k, top_p, infill], cache_prompt, t_max_prompt_ms 500, t_max_predict_ms 1000) with
 "stop": ["\\n"] for a single line. Consecutive requests share their start, as typing does, so
 both servers' prompt caches matter. The first request of each server is a warm-up, not counted.
@@ -36,7 +37,8 @@ SETTINGS = {"n_predict": 128, "top_k": 40, "top_p": 0.99, "stream": False, "samp
             "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "stop": ["\n"]}
 
 
-def trace(lines_per_file: int) -> list[dict]:
+def trace(lines_per_file: int) -> list[tuple[dict, str]]:
+    """(the request, the rest of the line: what a perfect completion inserts)."""
     from pipelines import completion, knowledge_base, support_chat
     bodies = []
     for module in (completion, knowledge_base, support_chat):
@@ -44,18 +46,17 @@ def trace(lines_per_file: int) -> list[dict]:
         picked = [i for i, line in enumerate(lines) if len(line.strip()) >= 12][:lines_per_file]
         for i in picked:
             cut = len(lines[i]) // 2
-            bodies.append({"input_prefix": "\n".join(lines[max(0, i - N_PREFIX):i]) + "\n",
-                           "prompt": lines[i][:cut],
-                           "input_suffix": lines[i][cut:] + "\n" + "\n".join(lines[i + 1:i + 1 + N_SUFFIX]),
-                           "input_extra": [], **SETTINGS})
+            body = {"input_prefix": "\n".join(lines[max(0, i - N_PREFIX):i]) + "\n", "prompt": lines[i][:cut],
+                    "input_suffix": "\n" + "\n".join(lines[i + 1:i + 1 + N_SUFFIX]), "input_extra": [], **SETTINGS}
+            bodies.append((body, lines[i][cut:]))
     return bodies
 
 
-def replay(url: str, bodies: list[dict], headers: dict | None = None) -> dict:
+def replay(url: str, bodies: list[tuple[dict, str]], headers: dict | None = None) -> dict:
     s = requests.Session()
-    s.post(f"{url}/infill", json={**bodies[0], "prompt": ""}, headers=headers, timeout=300).raise_for_status()
-    lat, chars, empty = [], [], 0
-    for body in bodies:
+    s.post(f"{url}/infill", json={**bodies[0][0], "prompt": ""}, headers=headers, timeout=300).raise_for_status()
+    lat, chars, empty, exact = [], [], 0, 0
+    for body, rest in bodies:
         t0 = time.perf_counter()
         r = s.post(f"{url}/infill", json=body, headers=headers, timeout=300)
         r.raise_for_status()
@@ -63,8 +64,10 @@ def replay(url: str, bodies: list[dict], headers: dict | None = None) -> dict:
         text = r.json()["content"]
         chars.append(len(text))
         empty += not text.strip()
+        exact += text.strip() == rest.strip()
     return {"requests": len(lat), "p50_ms": statistics.median(lat), "p90_ms": nearest_rank(lat, 0.90),
-            "mean_ms": statistics.mean(lat), "empty": empty, "mean_chars": statistics.mean(chars)}
+            "mean_ms": statistics.mean(lat), "empty": empty, "exact": exact / len(lat),
+            "mean_chars": statistics.mean(chars)}
 
 
 def ours(model: str, bodies: list[dict]) -> dict:
@@ -94,6 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--lines", type=int, default=40, help="completions per file (three files)")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--label", default="", help="a note on the variant measured (kept in the JSON)")
     ap.add_argument("--out", default=result_path("typing_trace.json"))
     args = ap.parse_args(argv)
     bodies = trace(args.lines)
@@ -102,11 +106,12 @@ def main(argv=None) -> int:
         rows["llama.cpp /infill"] = llamacpp(args.model, bodies)
     print(f"\nTyping trace: {len(bodies)} single-line completions over 3 files, {args.model}, "
           f"{os.cpu_count()} CPUs")
-    print(f"{'server':26} {'P50 ms':>8} {'P90 ms':>8} {'mean ms':>8} {'empty':>6} {'chars':>6}")
+    print(f"{'server':26} {'P50 ms':>8} {'P90 ms':>8} {'mean ms':>8} {'empty':>6} {'exact':>6} {'chars':>6}")
     for name, r in rows.items():
         print(f"{name:26} {r['p50_ms']:8.0f} {r['p90_ms']:8.0f} {r['mean_ms']:8.0f} {r['empty']:6d} "
-              f"{r['mean_chars']:6.1f}")
-    result = {"model": args.model, "requests": len(bodies), "settings": SETTINGS, "rows": rows}
+              f"{r['exact']:6.2f} {r['mean_chars']:6.1f}")
+    result = {"model": args.model, "requests": len(bodies), "settings": SETTINGS, "rows": rows, "label": args.label,
+              "env": {k: v for k, v in os.environ.items() if k.startswith("COMPLETION_")}}
     if len(rows) == 2:
         ratio = rows["llama.cpp /infill"]["p50_ms"] / rows["ours /infill (web app)"]["p50_ms"]
         result["p50_speedup_vs_llamacpp"] = ratio
