@@ -157,10 +157,10 @@ def test_metrics_count_requests_cache_hits_and_events(web):
 @pytest.mark.slow
 def test_the_default_model_completes_and_typing_its_start_is_a_forward_cache_hit(qwen_client, tmp_path):
     web = create_app({"KB_CACHE_DIR": str(tmp_path / "kb"), "REDIS_URL": None}, client=qwen_client).test_client()
-    body = {"prompt": "def area(width, height):\n    return ", "suffix": "\n\n\nprint(area(2, 3))\n",
+    body = {"prompt": "def mean(xs):\n    return ", "suffix": "\n\n\nprint(mean([1, 2]))\n",
             "max_tokens": 16, "temperature": 0, "language": "python"}
     text = web.post("/v1/completions", json=body, headers=AUTH).get_json()["choices"][0]["text"]
-    assert text == "width * height"                       # usable, on the cursor's line, no extra space
+    assert text == "sum(xs) / len(xs)"                    # usable, on the cursor's line, no extra space
     service = web.application.extensions["completion"]["service"]
     assert service.template.family == "qwen2.5-coder"
     forward_before = service.cache.forward_hits
