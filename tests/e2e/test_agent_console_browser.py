@@ -22,9 +22,8 @@ import sys
 import time
 
 import pytest
-import requests
 
-from tests.helpers.net import free_port, stop_process
+from tests.helpers.app_server import app_env, serving
 from tests.helpers.paths import REPO_ROOT
 
 CHROMIUM = "/usr/bin/chromium"
@@ -45,11 +44,8 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromi
 
 
 def _server_env(tmp) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "INFERENCE_URL", "DATABASE_URL")}
-    env.update(MODEL="random:tiny", CHAT_MAX_TOKENS="48", KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1",
-               DATABASE_URL=f"sqlite:///{tmp / 'conversations.db'}",
-               HANDOFF_WAIT_S="2")           # the email / back-to-the-bot offers come after 2 s of waiting
-    return env
+    return app_env(tmp, MODEL="random:tiny", CHAT_MAX_TOKENS="48",
+                   HANDOFF_WAIT_S="2")       # the email / back-to-the-bot offers come after 2 s of waiting
 
 
 @pytest.fixture(scope="module")
@@ -57,34 +53,13 @@ def server(tmp_path_factory):
     """Base URL of `python -m app serve` with one agent (added with `python -m app agents add`)."""
     tmp = tmp_path_factory.mktemp("agent-console")
     env = _server_env(tmp)
-    port = free_port()
-    log_path = tmp / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    tail = lambda: log_path.read_text(errors="replace")[-3000:]  # noqa: E731
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{tail()}")
-            try:
-                if requests.get(base + "/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy within 60 s:\n{tail()}")
-            time.sleep(0.2)
+    with serving(tmp, env) as base:
         add = [sys.executable, "-m", "app", "agents", "add", "--tenant", "demo", "--email", AGENT_EMAIL,
                "--name", AGENT_NAME, "--password-stdin"]
         added = subprocess.run(add, input=AGENT_PASSWORD + "\n", text=True, cwd=REPO_ROOT, env=env,
                                capture_output=True, timeout=120)
         assert added.returncode == 0, f"agents add failed: {added.stdout}\n{added.stderr}"
         yield base
-    finally:
-        stop_process(proc, timeout=10)
 
 
 @pytest.fixture

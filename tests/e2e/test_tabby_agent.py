@@ -11,13 +11,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 import requests
 
-from tests.helpers.net import free_port, stop_process
+from tests.helpers.app_server import app_env, serving
+from tests.helpers.net import stop_process
 from tests.helpers.paths import REPO_ROOT
 
 AGENT = REPO_ROOT / ".venv" / "ide-clients" / "node_modules" / "tabby-agent" / "dist" / "cli.js"
@@ -73,28 +73,8 @@ class Agent:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tabby")
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "INFERENCE_URL", "DATABASE_URL")}
-    env.update(MODEL="qwen2.5-coder-0.5b", KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1",
-               DATABASE_URL=f"sqlite:///{tmp / 'conversations.db'}")
-    port = free_port()
-    log_path = tmp / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:                   # listening (the model may still be loading)
-            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            try:
-                requests.get(base + "/healthz", timeout=2)
-                break
-            except requests.RequestException:
-                assert time.monotonic() < deadline, "the app did not listen within 60 s"
-                time.sleep(0.2)
+    with serving(tmp, app_env(tmp, MODEL="qwen2.5-coder-0.5b")) as base:     # the model may still be loading
         yield base, tmp
-    finally:
-        stop_process(proc, timeout=10)
 
 
 def _apply(text: str, choice: dict) -> str:

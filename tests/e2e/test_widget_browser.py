@@ -10,16 +10,12 @@ reply, ask for a human, and check the stored session through the API.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 import requests
 
-from tests.helpers.net import stop_process
-from tests.helpers.paths import REPO_ROOT
+from tests.helpers.app_server import app_env, serving
 
 CHROMIUM = "/usr/bin/chromium"
 SITE_KEY = "demo-site-key"
@@ -30,40 +26,12 @@ QUESTION = "How long do refunds take?"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Base URL of `python -m app serve` on a free port, stopped at the end of the module."""
     tmp = tmp_path_factory.mktemp("widget-browser")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "INFERENCE_URL")}
-    env.update(MODEL="random:tiny", CHAT_MAX_TOKENS="48", KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1")
-    log_path = tmp / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-3000:]}")
-            try:
-                if requests.get(base + "/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy within 60 s:\n{log_path.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.2)
+    with serving(tmp, app_env(tmp, MODEL="random:tiny", CHAT_MAX_TOKENS="48")) as base:
         yield base
-    finally:
-        stop_process(proc, timeout=10)
 
 
 @pytest.fixture
