@@ -52,7 +52,7 @@ GROUNDED_MAX_TOKENS = 96          # a grounded reply is a sentence or two
 # the chunks of the SPAN_K sentences closest to the question (cosine >= SPAN_MIN) join the passages
 SPAN_K, SPAN_MIN = 5, 0.55
 # a message to the human side that asks for facts (hours, phone, email), not for a person now
-_ASKS_DETAILS = re.compile(r"\b(?:hours?|phone|number|e-?mail|address|opening|what time|when (?:are|is|do)|"
+_ASKS_DETAILS = re.compile(r"\b(?:hours?|phone|number|e-?mail|address|opening|what times?|when (?:are|is|do)|"
                            r"how (?:long|quickly|fast|soon))\b|几点|电话|邮箱|时间", re.I)
 
 CANNED = {

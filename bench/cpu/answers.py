@@ -140,6 +140,12 @@ def _read_turn(r, start: float) -> dict:
     if r.status_code != 200:
         r.read()
         raise RuntimeError(f"turn failed: {r.status_code} {r.text[:200]}")
+    if r.headers.get("content-type", "").startswith("application/json"):
+        # an earlier turn handed the conversation to a human: this one waits for them, no bot reply
+        r.read()
+        total = time.perf_counter() - start
+        return {"reply": "", "handoff": True, "citations": [], "intent": "human_agent", "first_sentence_s": total,
+                "total_s": total}
     for line in r.iter_lines():
         if line.startswith("event: "):
             event = line[7:]

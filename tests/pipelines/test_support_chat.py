@@ -74,3 +74,11 @@ def test_failures_degrade_instead_of_raising(parts, embedder, tenant, fail):
 def test_no_embeddings_and_no_keyword_match_offers_a_human(parts, embedder):
     _, reply = turn(parts, Core(embedder, [], fail="embed"), text="zqxv wibble flarn")
     assert reply.degraded and not reply.citations and "human" in reply.reply.lower()
+
+
+@pytest.mark.parametrize("question", ["What times are live agents available in UK time?",
+                                      "What are your live agent hours?"])
+def test_asking_when_agents_work_is_answered_not_handed_off(parts, embedder, question):
+    extractive = Tenant("demo", "Northwind Goods", "You help Northwind customers.")
+    streamed, reply = turn(parts, Core(embedder), question, extractive)
+    assert not reply.handoff and "20:00" in streamed
