@@ -198,8 +198,8 @@ function itemNode(c) {
   }, [
     c.unread ? h("span", { class: "dot", "data-testid": "unread" }, [h("span", { class: "sr-only", text: t("unread") })]) : null,
     h("span", { class: "item-title", text: title }),
-    c.summary || (c.first_question && c.last_message && c.last_message !== c.first_question)
-      ? h("span", { class: "item-last", text: c.summary || c.last_message }) : null,
+    c.last_message && c.last_message !== title ? h("span", { class: "item-last", text: c.last_message })
+      : c.summary ? h("span", { class: "item-last", text: c.summary }) : null,       // what is new, else the summary
     h("span", { class: "item-meta" }, meta),
   ]);
 }
