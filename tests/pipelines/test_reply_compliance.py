@@ -15,31 +15,29 @@ from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
 from pipelines.support_chat import SupportChat, Tenant
 from tests.pipelines.grounding_kb import write_kb
+from tests.pipelines.test_grounded_chat import Core as ScriptedCore
 
 BANNED = "best deal in town"
 PROMPT = "You are the assistant of Keys & Strings, a piano-tuning service."
 QUESTION = "How much does it cost to tune a grand piano?"
 
 
-class Core:
+class Core(ScriptedCore):
+    """test_grounded_chat's scripted model, which can also be down (chat or embeddings)."""
+
     def __init__(self, embedder, pieces=(), fail_chat=False, fail_embed=False):
-        self.embedder, self.pieces, self.fail_chat, self.fail_embed = embedder, pieces, fail_chat, fail_embed
+        super().__init__(embedder, list(pieces))
+        self.fail_chat, self.fail_embed = fail_chat, fail_embed
 
     def embed(self, texts):
         if self.fail_embed:
             raise InferenceError("embedding service down")
-        return self.embedder.embed(texts)
-
-    def count_tokens(self, text):
-        return len(text.split())
-
-    def max_model_len(self):
-        return 2048
+        return super().embed(texts)
 
     def chat_stream(self, messages, **kw):
         if self.fail_chat:
             raise InferenceError("model down")
-        yield from self.pieces
+        yield from super().chat_stream(messages, **kw)
 
 
 @pytest.fixture(scope="module")
