@@ -30,27 +30,24 @@ from pathlib import Path
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from app.schemas import (
+from app.completion_schemas import (
     COMPLETION_STREAM,
-    METRICS,
-    ApiError,
     CompletionIn,
     CompletionOut,
     Empty,
     EventIn,
     HealthOut,
-    JobPath,
     RepositoryIn,
     RepositoryJob,
-    RepositoryQueued,
     ServerSettingOut,
-    error_responses,
 )
+from app.schemas import METRICS, ApiError, JobPath, RepositoryQueued, error_responses
 from app.tenants import hash_api_key
 from httpkit.errors import OpenAIError, validate_request
 from httpkit.openapi import documented
 from httpkit.validation import InvalidRequest
-from pipelines.completion import CompletionCache, CompletionService, parse_request, service_for
+from pipelines.completion import CompletionService, parse_request, service_for
+from pipelines.completion_cache import CompletionCache
 from pipelines.inference_client import InferenceError
 
 bp = Blueprint("completion", __name__, url_prefix="/v1")
@@ -293,7 +290,7 @@ def init_completion(app) -> None:
     app.config["COMPLETION_API_KEYS"] = None             # only the hashes are kept
     from app.job_store import BatchStore, JobStore
     from monitoring.completion_metrics import CompletionMetrics
-    from pipelines.completion import Languages
+    from pipelines.completion_prompt import Languages
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),
                                     "metrics": CompletionMetrics(app.extensions["web_metrics"].metric_registry),
                                     "jobs": JobStore(app.config.get("REDIS_URL")),

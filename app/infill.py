@@ -20,7 +20,7 @@ import uuid
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from app.completion import API_ERRORS, _auth, _ext, _model_name, _openai_error, _service
-from app.schemas import INFILL_STREAM, InfillOut
+from app.completion_schemas import INFILL_STREAM, InfillOut
 from httpkit.errors import OpenAIError
 from httpkit.openapi import documented
 from httpkit.validation import InvalidRequest

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.completion import (
-    CompletionCache,
+from pipelines.completion import parse_openai, parse_tabby
+from pipelines.completion_cache import CompletionCache
+from pipelines.completion_prompt import (
     Languages,
     Snippet,
     choose_fim_template,
     fit_end,
     fit_end_anchored,
     fit_start,
-    parse_openai,
-    parse_tabby,
     snippet_comments,
-    trim_completion,
 )
+from pipelines.completion_text import trim_completion
 
 
 def words(text: str) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.completion import CompletionRequest, CompletionService, Snippet, choose_fim_template, repo_label
+from pipelines.completion import CompletionRequest, CompletionService
+from pipelines.completion_prompt import Snippet, choose_fim_template, repo_label
 from pipelines.completion_text import after_typed, cut_dedent, repetition_start, split_typed
 
 QWEN_VOCAB = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}
