@@ -19,6 +19,7 @@ from flask import Flask, Response, abort, jsonify, request, send_from_directory
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+import inference  # noqa: F401  (sets OMP_WAIT_POLICY; importing app loads no torch)
 from app.agent_api import bp as agent_api_bp
 from app.agent_auth import AUTH_SCHEME, init_agent_auth
 from app.agent_auth import bp as agent_auth_bp

@@ -1,5 +1,13 @@
 """Our inference engine: paged KV cache, continuous batching, prefix caching, chunked prefill."""
-from inference.config import EngineConfig
+import os
+
+# torch's OpenMP threads (its ops beside our kernels' spin pool, and the embedder's) must sleep when
+# idle, not spin against the pool: on 2 cores spinning OpenMP workers doubled the first-token time
+# of an IDE completion in the web app. libgomp reads this once, when torch loads it, so it is set
+# on `import inference`, before torch, unless the environment already says otherwise.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from inference.config import EngineConfig  # noqa: E402
 from inference.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
 
