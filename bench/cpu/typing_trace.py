@@ -80,6 +80,8 @@ def ours(model: str, bodies: list[dict]) -> dict:
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(f"{url}/v1/health", proc, timeout=600)
+            # and the chat pipeline's start-up indexing, which would share the two cores
+            wait_ready(f"{url}/readyz", proc, timeout=600)
             return replay(url, bodies, AUTH)
         finally:
             stop_process(proc, 10)
