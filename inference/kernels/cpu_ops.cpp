@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include "bf16.h"
+#include "lanes.h"
 #include "spin_pool.h"
 
 #include <cmath>
@@ -38,21 +39,27 @@ inline __m512 load_bf16x16(const bf16* p) {
 }
 #endif
 
-// sum_i q[i] * k[i] (q fp32, k bf16), in a fixed order
+// sum_i q[i] * k[i] (q fp32, k bf16), in a fixed order: 16 lanes of fused multiply-adds, then
+// their sum in _mm512_reduce_add_ps's order, at every ISA level (lanes.h)
 inline float dot_bf16(const float* q, const bf16* k, int64_t d) {
-#if defined(__AVX512F__)
   if (d % 16 == 0) {
+#if defined(__AVX512F__)
     __m512 s = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_bf16x16(k + i), s);
     return _mm512_reduce_add_ps(s);
-  }
+#else
+    float s[16] = {};
+    for (int64_t i = 0; i < d; i += 16)
+      for (int j = 0; j < 16; ++j) s[j] = std::fma(q[i + j], to_f32(k[i + j]), s[j]);
+    return lanes::sum16(s);
 #endif
+  }
   float s = 0.f;
   for (int64_t i = 0; i < d; ++i) s += q[i] * to_f32(k[i]);
   return s;
 }
 
-// acc += p * v (v bf16)
+// acc += p * v (v bf16), fused, as the AVX-512 build does
 inline void axpy_bf16(float* acc, float p, const bf16* v, int64_t d) {
 #if defined(__AVX512F__)
   if (d % 16 == 0) {
@@ -62,7 +69,7 @@ inline void axpy_bf16(float* acc, float p, const bf16* v, int64_t d) {
     return;
   }
 #endif
-  for (int64_t i = 0; i < d; ++i) acc[i] += p * to_f32(v[i]);
+  for (int64_t i = 0; i < d; ++i) acc[i] = std::fma(p, to_f32(v[i]), acc[i]);
 }
 
 inline void scale_row(float* acc, float alpha, int64_t d) {
@@ -103,8 +110,14 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Te
       } else {
         for (int64_t i = 0; i < n; ++i) h[i] = to_f32(xr[i]);
       }
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) ss += h[i] * h[i];
+      // 16 lanes of fused multiply-adds, summed in a fixed order: the same bits at every ISA level
+      // (a vectorised reduction's order follows the vector width)
+      float part[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; ++j) part[j] = std::fma(h[i + j], h[i + j], part[j]);
+      ss = lanes::sum16(part);
+      for (; i < n; ++i) ss = std::fma(h[i], h[i], ss);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
       bf16* orow = op + r * n;
       for (int64_t i = 0; i < n; ++i) orow[i] = to_bf16(h[i] * inv * to_f32(wp[i]));
@@ -256,6 +269,10 @@ torch::Tensor silu_mul(torch::Tensor x) {
   return out;
 }
 
+// cpu_prefill_attention.cpp
+torch::Tensor paged_prefill_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor table,
+                                      int64_t context_len, double scale);
+
 // gguf_matmul.cpp
 bool gguf_matmul_available();
 std::string gguf_matmul_isa();
@@ -354,5 +371,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "x (+ residual), RMSNorm, one pass");
   m.def("rope_write_kv", &rope_write_kv, py::call_guard<py::gil_scoped_release>(), "RoPE on q and k, k and v into their cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, py::call_guard<py::gil_scoped_release>(), "decode attention over the paged cache");
+  m.def("paged_prefill_attention", &paged_prefill_attention, py::call_guard<py::gil_scoped_release>(), "a prefill chunk's causal attention over the paged cache");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up");
 }

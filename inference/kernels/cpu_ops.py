@@ -6,6 +6,7 @@ PyTorch references beside each kernel (what the tests compare them with):
     add_rms_norm(x, residual, w, eps)    RMSNorm.forward in inference/models/llama.py
     rope_write_kv(...)                   TorchRope.apply + write_kv (inference/models/attention.py)
     paged_decode_attention(...)          the decode branch of paged_attention
+    paged_prefill_attention(...)         invariant_prefill_attention (inference/models/invariant_attention.py)
     silu_mul(x)                          SiluAndMul.forward
     gguf_linear(x, codes, ...)           x @ dequantized(W)^T + bias (inference/models/gguf_cpu_linear.py)
 """
@@ -19,8 +20,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("cpu_ops.cpp", "gguf_matmul.cpp")]
-HEADERS = [HERE / n for n in ("bf16.h", "spin_pool.h", "gguf_blocks_avx2.h")]
+SOURCES = [HERE / n for n in ("cpu_ops.cpp", "cpu_prefill_attention.cpp", "gguf_matmul.cpp")]
+HEADERS = [HERE / n for n in ("bf16.h", "lanes.h", "spin_pool.h", "gguf_blocks_avx2.h")]
 
 # ISA levels of the GGUF kernels, best first: the CPU flags each needs and the compiler flags of its
 # build. Each level is its own module, so a lower one can be forced (INFERENCE_CPU_ISA) and tested

@@ -86,7 +86,15 @@ class CpuLlamaAttention(LlamaAttention):
             if nd:
                 out[:nd] = ops.paged_decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables,
                                                       meta.decode_context_lens, self.attn.scale)
-            attend_prefills(q, k_cache, v_cache, meta, self.attn.scale, out)
+            if self.head_dim % 16 == 0 and k_cache.shape[1] % 16 == 0:
+                # causal over the cache in place; each row's bits do not depend on the chunking, as
+                # with invariant_prefill_attention (attend_prefills), which this replaces here
+                for chunk in meta.prefills:
+                    s, n = chunk.query_start, chunk.query_len
+                    out[s:s + n] = ops.paged_prefill_attention(q[s:s + n], k_cache, v_cache, chunk.block_table,
+                                                               chunk.context_len, self.attn.scale)
+            else:
+                attend_prefills(q, k_cache, v_cache, meta, self.attn.scale, out)
         return self.o_proj.forward(out.view(num_tokens, self.q_size))
 
 
