@@ -87,6 +87,7 @@ class InfillOut(BaseModel):
     stop_type: str
     tokens_predicted: int
     tokens_evaluated: int
+    tokens_cached: int                 # of tokens_evaluated, served from the prefix cache
     truncated: bool
     generation_settings: dict[str, Any]
     timings: dict[str, float]

@@ -2,8 +2,8 @@
 
     POST /infill   {input_prefix, input_suffix, input_extra: [{filename, text}], prompt, n_predict,
                     t_max_predict_ms, n_indent, stop, samplers, cache_prompt, stream}
-                   -> {content, stop, stop_type, tokens_predicted, tokens_evaluated, truncated,
-                       generation_settings, timings: {prompt_n, prompt_ms, ...}}
+                   -> {content, stop, stop_type, tokens_predicted, tokens_evaluated, tokens_cached,
+                       truncated, generation_settings, timings: {prompt_n, prompt_ms, ...}}
 
 The body becomes the same CompletionRequest as Tabby's and OpenAI's (pipelines/completion.py
 `parse_infill`), so the FIM template of the model's family, repository-level context from
@@ -67,19 +67,20 @@ def infill():
 def _body(req: CompletionRequest, result: CompletionResult) -> dict:
     text = result.texts[0]
     prompt_ms = result.first_token_s * 1e3
+    evaluated = max(0, result.prompt_tokens - result.cached_tokens)     # computed, not from the cache
     predicted_ms = max(0.0, (result.engine_s - result.first_token_s) * 1e3)
     n_pred = result.completion_tokens
     limit = req.max_tokens > 0 and n_pred >= req.max_tokens
     return {
         "index": 0, "id_slot": -1, "model": _model_name(), "content": text, "tokens": [], "stop": True,
         "stop_type": "limit" if limit else "eos", "stopping_word": "", "has_new_line": "\n" in text,
-        "tokens_predicted": n_pred, "tokens_evaluated": result.prompt_tokens,
+        "tokens_predicted": n_pred, "tokens_evaluated": result.prompt_tokens, "tokens_cached": result.cached_tokens,
         "truncated": False, "prompt": "",
         "generation_settings": {"n_predict": req.max_tokens, "temperature": req.temperature, "top_k": req.top_k,
                                 "top_p": req.top_p, "stop": req.stop, "n_indent": req.n_indent,
                                 "t_max_predict_ms": req.t_max_predict_ms or -1},
-        "timings": {"prompt_n": result.prompt_tokens, "prompt_ms": round(prompt_ms, 3),
-                    "prompt_per_second": round(result.prompt_tokens / (prompt_ms / 1e3), 3) if prompt_ms else 0.0,
+        "timings": {"prompt_n": evaluated, "prompt_ms": round(prompt_ms, 3),
+                    "prompt_per_second": round(evaluated / (prompt_ms / 1e3), 3) if prompt_ms else 0.0,
                     "predicted_n": n_pred, "predicted_ms": round(predicted_ms, 3),
                     "predicted_per_second": round(n_pred / (predicted_ms / 1e3), 3) if predicted_ms else 0.0},
     }

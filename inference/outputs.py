@@ -50,6 +50,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0      # prompt tokens served from the prefix cache (vLLM's field)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class StreamDelta:
     logprobs: list[dict[int, Logprob]] | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0      # total so far for this sample
+    num_cached_tokens: int = 0      # prompt tokens served from the prefix cache
     error: str | None = None
 
     @property

@@ -139,6 +139,7 @@ class CompletionResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0      # generated before any trimming (what the engine computed)
     first_token_s: float = 0.0      # from the engine call to the first piece (prompt processing)
+    cached_tokens: int = 0          # prompt tokens the engine's prefix cache served
 
 
 class CompletionService:
@@ -233,7 +234,7 @@ class CompletionService:
             return CompletionResult(rid, [found[0]], cached=True, cache_kind=found[1])
         t0 = time.perf_counter()
         texts: list[str] = []
-        generated = prompt_tokens = 0
+        generated = prompt_tokens = cached_tokens = 0
         first_s = None
         for i in range(req.n):
             raw, wasted, first = self._generate(p, req, f"{rid}-{i}", event)
@@ -243,15 +244,16 @@ class CompletionService:
                                         wasted_tokens=wasted)
             used = getattr(self.client, "usage", lambda _: None)(f"{rid}-{i}")
             if used is None:                                   # a client that does not report usage
-                used = (self.client.count_tokens(p.text), self.client.count_tokens(raw) if raw else 0)
-            prompt_tokens, generated = used[0], generated + used[1]
+                used = (self.client.count_tokens(p.text), self.client.count_tokens(raw) if raw else 0, 0)
+            prompt_tokens, generated, cached_tokens = used[0], generated + used[1], used[2]
             text = cut_dedent(after_typed(raw, p.typed, p.line_is_blank, p.after_blank), req.n_indent)
             texts.append(trim_completion(text, req.suffix))
         engine_s = time.perf_counter() - t0
         if req.n == 1 and texts[0]:
             self.cache.put(p.key, settings, texts[0])
         return CompletionResult(rid, texts, engine_s=engine_s, prompt_tokens=prompt_tokens,
-                                completion_tokens=generated, first_token_s=first_s or engine_s)
+                                completion_tokens=generated, first_token_s=first_s or engine_s,
+                                cached_tokens=cached_tokens)
 
     def _generate(self, p: Prompt, req: CompletionRequest, request_id: str,
                   event: threading.Event) -> tuple[str, int, float | None]:

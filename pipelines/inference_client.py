@@ -55,8 +55,9 @@ class InferenceClient(Protocol):
     def abort(self, request_id: str) -> None:
         """Stop a running complete_stream now (its KV blocks are freed at once)."""
 
-    def usage(self, request_id: str) -> tuple[int, int] | None:
-        """(prompt tokens, generated tokens) of a finished complete_stream, if the client knows."""
+    def usage(self, request_id: str) -> tuple[int, int, int] | None:
+        """(prompt tokens, generated tokens, prompt tokens served from the prefix cache) of a
+        finished complete_stream, if the client knows."""
 
 
 def _deltas(stream, first_token_s: float | None, total_s: float | None) -> Iterator:
@@ -86,7 +87,7 @@ class InProcessClient:
         self._engine = None
         self._embedder = None
         self._lock = threading.Lock()
-        self._usage: dict[str, tuple[int, int]] = {}          # request_id -> (prompt, generated)
+        self._usage: dict[str, tuple[int, int, int]] = {}     # request_id -> (prompt, generated, cached)
         self._warming: threading.Thread | None = None
         self.load_error: str | None = None
 
@@ -155,12 +156,13 @@ class InProcessClient:
             raise RequestRejected(str(exc)) from exc
         except RuntimeError as exc:
             raise InferenceError(str(exc)) from exc
-        usage = [0, 0]
+        usage = [0, 0, 0]
         try:
             for delta in _deltas(stream, self.first_token_s, self.total_s):
                 if delta.error:
                     raise InferenceError(delta.error)
-                usage = [delta.num_prompt_tokens or usage[0], delta.num_output_tokens]
+                usage = [delta.num_prompt_tokens or usage[0], delta.num_output_tokens,
+                         max(usage[2], delta.num_cached_tokens)]
                 if delta.text:
                     yield delta.text
         finally:
@@ -168,7 +170,7 @@ class InProcessClient:
                 stream.abort()
             if request_id is not None:
                 with self._lock:
-                    self._usage[request_id] = (usage[0], usage[1])
+                    self._usage[request_id] = (usage[0], usage[1], usage[2])
                     while len(self._usage) > 4096:
                         self._usage.pop(next(iter(self._usage)))
 
@@ -176,7 +178,7 @@ class InProcessClient:
         if self._engine is not None:
             self._engine.abort(request_id)
 
-    def usage(self, request_id: str) -> tuple[int, int] | None:
+    def usage(self, request_id: str) -> tuple[int, int, int] | None:
         with self._lock:
             return self._usage.pop(request_id, None)
 
@@ -224,7 +226,7 @@ class HttpClient:
         self._lock = threading.Lock()
         self._open: dict = {}                        # request_id -> its streaming response
         self._aborted: set[str] = set()              # request ids closed by abort()
-        self._usage: dict[str, tuple[int, int]] = {}  # request_id -> (prompt, generated) tokens
+        self._usage: dict[str, tuple[int, int, int]] = {}  # request_id -> (prompt, generated, cached) tokens
 
     def _request(self, method: str, path: str, timeout: tuple | None = None, **kw):
         import requests
@@ -256,11 +258,13 @@ class HttpClient:
                 "top_p": top_p, "top_k": top_k if top_k > 0 else None, "stop": stop or None, "seed": seed,
                 "stream": True,
                 "stream_options": {"include_usage": True}}
-        usage = (0, 0)
+        usage = (0, 0, 0)
         try:
             for event in self._sse("/v1/completions", {k: v for k, v in body.items() if v is not None}, request_id):
                 if event.get("usage"):
-                    usage = (event["usage"]["prompt_tokens"], event["usage"]["completion_tokens"])
+                    u = event["usage"]
+                    usage = (u["prompt_tokens"], u["completion_tokens"],
+                             (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
                 for choice in event.get("choices", []):
                     if choice.get("text"):
                         yield choice["text"]
@@ -328,7 +332,7 @@ class HttpClient:
         if resp is not None:
             resp.close()
 
-    def usage(self, request_id: str) -> tuple[int, int] | None:
+    def usage(self, request_id: str) -> tuple[int, int, int] | None:
         with self._lock:
             return self._usage.pop(request_id, None)
 

@@ -238,7 +238,7 @@ class FallbackClient:
             except (InferenceError, AttributeError):
                 pass
 
-    def usage(self, request_id: str) -> tuple[int, int] | None:
+    def usage(self, request_id: str) -> tuple[int, int, int] | None:
         for ep in self.endpoints:
             found = ep.client.usage(request_id) if hasattr(ep.client, "usage") else None
             if found is not None:

@@ -226,6 +226,7 @@ class LLMEngine:
         stop_hit, itl = state.add_token(index, token, logprobs, t)
         it.num_generation_tokens += 1
         if first:
+            state.num_cached_tokens = max(0, request.num_cached_tokens)
             it.time_to_first_tokens.append(t - state.metrics.arrival_time)
             # request times are monotonic; metrics are wall-clock: carry the queueing interval over
             state.metrics.first_scheduled_time = state.metrics.arrival_time + (

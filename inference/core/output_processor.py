@@ -45,6 +45,7 @@ class RequestState:
                                     logprobs=[] if params.logprobs is not None else None)
                         for i in range(params.n)]
         self.tokenizer = tokenizer
+        self.num_cached_tokens = 0          # prompt tokens the prefix cache served (set when scheduled)
 
     @property
     def finished(self) -> bool:
@@ -88,7 +89,8 @@ class RequestState:
             if s.logprobs is not None:
                 lps, s.sent_logprobs = s.logprobs[s.sent_logprobs:], len(s.logprobs)
             deltas.append(StreamDelta(self.request_id, s.index, text, new_ids, s.finish_reason, s.stop_reason,
-                                      lps, len(self.prompt_token_ids), len(s.token_ids)))
+                                      lps, len(self.prompt_token_ids), len(s.token_ids),
+                                      num_cached_tokens=self.num_cached_tokens))
             s.sent_tokens, s.finish_reported = len(s.token_ids), done
         return deltas
 
@@ -99,7 +101,8 @@ class RequestState:
             text = s.detok.text if done else s.detok.output_text
             outs.append(CompletionOutput(s.index, text, list(s.token_ids), s.finish_reason, s.stop_reason,
                                          s.logprobs, s.cumulative_logprob if s.logprobs is not None else None))
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.metrics)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.metrics,
+                             self.num_cached_tokens)
 
 
 def now() -> float:

@@ -103,7 +103,9 @@ def collect(job: _Job) -> dict:
     tokens: dict[int, list[int]] = {}
     lps: dict[int, list] = {}
     finish: dict[int, str | None] = {}
+    cached: dict[int, int] = {}                  # prompt -> its tokens from the prefix cache
     for i, d in _deltas(job):
+        cached[i] = max(cached.get(i, 0), d.num_cached_tokens)
         k = _choice_index(job, i, d.index)
         texts.setdefault(k, []).append(d.text)
         tokens.setdefault(k, []).extend(d.token_ids)
@@ -128,7 +130,7 @@ def collect(job: _Job) -> dict:
     completion_tokens = sum(len(v) for v in tokens.values())
     return {"id": _response_id(p), "object": "chat.completion" if p.kind == "chat" else "text_completion",
             "created": p.created, "model": p.model, "choices": choices,
-            "usage": usage(sum(len(ids) for ids in job.prompt_ids), completion_tokens)}
+            "usage": usage(sum(len(ids) for ids in job.prompt_ids), completion_tokens, sum(cached.values()))}
 
 
 def sse(job: _Job) -> Iterator[str]:
@@ -137,10 +139,12 @@ def sse(job: _Job) -> Iterator[str]:
     base = {"id": _response_id(p), "object": obj, "created": p.created, "model": p.model}
     completion_tokens = 0
     started: set[int] = set()
+    cached: dict[int, int] = {}
     try:
         for i, d in _deltas(job):
             k = _choice_index(job, i, d.index)
             completion_tokens += len(d.token_ids)
+            cached[i] = max(cached.get(i, 0), d.num_cached_tokens)
             if p.kind == "chat":
                 delta = {"content": d.text}
                 if k not in started:
@@ -157,7 +161,7 @@ def sse(job: _Job) -> Iterator[str]:
             yield f"data: {json.dumps({**base, 'choices': [choice]}, ensure_ascii=False)}\n\n"
         if p.include_usage:
             prompt_tokens = sum(len(ids) for ids in job.prompt_ids)
-            chunk = {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+            chunk = {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens, sum(cached.values()))}
             yield f"data: {json.dumps(chunk)}\n\n"
         yield "data: [DONE]\n\n"
     except OpenAIError as exc:                    # headers are gone: report in-band, then end

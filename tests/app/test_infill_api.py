@@ -33,11 +33,22 @@ def test_llama_vscode_request_gets_the_fields_it_reads(web):
     assert isinstance(out["content"], str) and out["stop"] is True and out["stop_type"] in ("eos", "limit")
     assert 0 < out["tokens_predicted"] <= 12 and out["tokens_evaluated"] > 0 and out["truncated"] is False
     t = out["timings"]
-    assert t["prompt_n"] == out["tokens_evaluated"] and t["predicted_n"] == out["tokens_predicted"]
+    assert t["prompt_n"] == out["tokens_evaluated"] - out["tokens_cached"] and t["predicted_n"] == out["tokens_predicted"]
     assert t["prompt_ms"] > 0 and t["predicted_per_second"] >= 0
     assert out["generation_settings"]["temperature"] == 0.0            # no temperature sampler: greedy
     again = web.post("/infill", json=LLAMA_VSCODE, headers=AUTH).get_json()
     assert again["content"] == out["content"]                           # greedy is repeatable
+
+
+def test_typing_on_reuses_the_prompt_and_says_so(web):
+    """llama.vim shows tokens_cached and prompt_n: the next keystroke's prompt starts like this one's,
+    so its start comes from the prefix cache and only the rest is evaluated."""
+    body = {**LLAMA_VSCODE, "input_prefix": "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(6)),
+            "prompt": "def g(", "n_predict": 4}
+    web.post("/infill", json=body, headers=AUTH)
+    out = web.post("/infill", json={**body, "prompt": "def g(xs"}, headers=AUTH).get_json()
+    assert out["tokens_cached"] >= 16 and out["tokens_cached"] < out["tokens_evaluated"]
+    assert out["timings"]["prompt_n"] == out["tokens_evaluated"] - out["tokens_cached"]
 
 
 def test_warm_up_request_and_stream(web):

@@ -59,8 +59,12 @@ def test_completion_over_http_with_usage_and_abort(service):
     client = HttpClient(url, api_key="k1")
     text = "".join(client.complete_stream("def add(a, b):", max_tokens=6, temperature=0, top_p=1, stop=[],
                                           request_id="c1"))
-    prompt_tokens, generated = client.usage("c1")
+    prompt_tokens, generated, cached = client.usage("c1")
     assert prompt_tokens == len(engine.tokenizer.encode("def add(a, b):")) and 0 < generated <= 6
+    long = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(8))    # the service's prefix cache:
+    for rid in ("c3", "c4"):                                                   # the second one hits it
+        "".join(client.complete_stream(long, max_tokens=2, temperature=0, top_p=1, stop=[], request_id=rid))
+    assert client.usage("c3")[2] == 0 < client.usage("c4")[2] < len(engine.tokenizer.encode(long))
     assert isinstance(text, str)
     # a superseded completion: abort() closes its stream, which ends quietly, and the service
     # frees the request
