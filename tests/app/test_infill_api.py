@@ -33,7 +33,8 @@ def test_llama_vscode_request_gets_the_fields_it_reads(web):
     assert isinstance(out["content"], str) and out["stop"] is True and out["stop_type"] in ("eos", "limit")
     assert 0 < out["tokens_predicted"] <= 12 and out["tokens_evaluated"] > 0 and out["truncated"] is False
     t = out["timings"]
-    assert t["prompt_n"] == out["tokens_evaluated"] - out["tokens_cached"] and t["predicted_n"] == out["tokens_predicted"]
+    assert t["prompt_n"] == out["tokens_evaluated"] - out["tokens_cached"]
+    assert t["predicted_n"] == out["tokens_predicted"]
     assert t["prompt_ms"] > 0 and t["predicted_per_second"] >= 0
     assert out["generation_settings"]["temperature"] == 0.0            # no temperature sampler: greedy
     again = web.post("/infill", json=LLAMA_VSCODE, headers=AUTH).get_json()
