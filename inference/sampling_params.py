@@ -16,6 +16,50 @@ def _is_number(x) -> bool:
 MAX_TOP_K = 2**31 - 1
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What the output must match (vLLM's shape); exactly one of them. The engine compiles it into
+    a grammar (inference/structured/) that masks every sampled token.
+
+        json         a JSON Schema (dict, or its JSON text)
+        json_object  any JSON object (OpenAI's response_format {"type": "json_object"})
+        regex        a regular expression the whole output matches
+        choice       one of these strings, exactly
+        grammar      a context-free grammar in EBNF (GBNF, as llama.cpp and xgrammar write it)
+    """
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("structured_outputs: give exactly one of json, json_object, regex, choice, grammar; "
+                             f"got {given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"structured_outputs.json: must be a JSON Schema object, got {type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name}: must be a non-empty string")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or any(not isinstance(c, str) or not c for c in self.choice)):
+                raise ValueError("structured_outputs.choice: must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+
+    def key(self) -> str:
+        """A stable text of the constraint (the grammar cache's key)."""
+        import json as _json
+        kind = next(k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None) \
+            if not self.json_object else "json_object"
+        value = getattr(self, kind) if kind != "json_object" else True
+        return f"{kind}:" + (value if isinstance(value, str) else _json.dumps(value, sort_keys=True))
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -35,6 +79,7 @@ class SamplingParams:
     logprobs: int | None = None       # number of top logprobs per generated token
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +122,8 @@ class SamplingParams:
         if self.stop_token_ids is not None and (not isinstance(self.stop_token_ids, (list, tuple)) or any(
                 not isinstance(t, int) or t < 0 for t in self.stop_token_ids)):
             raise bad("stop_token_ids", "must be a list of non-negative integers")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "must be a StructuredOutputsParams")
 
 
     @property

@@ -6,6 +6,7 @@ thread for servers.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ class ValidatedRequest:
     params: SamplingParams
     priority: int
     arrival_time: float
+    grammar: Any = None                   # params.structured_outputs compiled (inference/structured)
 
 
 def load_engine_model(config: EngineConfig):
@@ -74,6 +76,8 @@ class LLMEngine:
         # drafts for step N+1 need step N's tokens: speculative decoding runs steps in turn
         self.async_scheduling = self.runner.overlaps and self.speculator is None
         self.last_stats: EngineStats | None = None
+        self._grammar_backend = None
+        self._grammar_lock = threading.Lock()
 
     # ---- inputs --------------------------------------------------------------------------
     def validate(self, prompt: PromptType, params: SamplingParams, request_id: str | None = None,
@@ -109,7 +113,20 @@ class LLMEngine:
                              f"n samples of a request), got {request_id!r}")
         if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        return ValidatedRequest(request_id, text, token_ids, params, priority, now())
+        return ValidatedRequest(request_id, text, token_ids, params, priority, now(), self._grammar(params))
+
+    def _grammar(self, params: SamplingParams):
+        """The request's structured_outputs compiled (cached per constraint), or None."""
+        if params.structured_outputs is None:
+            return None
+        if self.speculator is not None or self.config.parallel.tensor_parallel_size > 1:
+            raise ValueError("structured_outputs: not supported with speculative decoding or tensor parallelism yet")
+        with self._grammar_lock:
+            if self._grammar_backend is None:
+                from inference.structured import grammar_backend
+                ends = sorted(self.end_token_ids | ({self.eos_token_id} if self.eos_token_id is not None else set()))
+                self._grammar_backend = grammar_backend(self.tokenizer, self.arch.vocab_size, ends)
+        return self._grammar_backend.compile(params.structured_outputs)
 
     def add_request(self, req: ValidatedRequest) -> None:
         """Queue a validated request (its n samples run as n sequences)."""
@@ -124,7 +141,7 @@ class LLMEngine:
             self.scheduler.add_request(Request(
                 request_id=cid, prompt_token_ids=req.prompt_token_ids, sampling_params=params.for_child(i),
                 eos_token_id=self.eos_token_id, max_tokens=max_tokens, priority=req.priority,
-                end_token_ids=self.end_token_ids))
+                end_token_ids=self.end_token_ids, grammar=req.grammar))
 
     def abort_request(self, request_id: str) -> None:
         """Abort every sample of a request; its blocks return to the pool now (a step still in
@@ -195,7 +212,9 @@ class LLMEngine:
 
     @staticmethod
     def _needs_host_tokens(sched: SchedulerOutput) -> bool:
-        return any(item.needs_sample and item.request.sampling_params.needs_penalties for item in sched.scheduled)
+        # penalties, and a grammar's next mask, need the last token on the host
+        return any(item.needs_sample and (item.request.sampling_params.needs_penalties
+                                          or item.request.grammar is not None) for item in sched.scheduled)
 
     def _finish_step(self, sched: SchedulerOutput, handle, changed: dict[str, RequestState],
                      it: IterationStats) -> None:

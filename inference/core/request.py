@@ -10,6 +10,7 @@ import enum
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,9 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     stop_reason: str | int | None = None
     first_scheduled_time: float | None = None
+    # structured outputs: the compiled grammar (inference/structured), opaque to the scheduler; the
+    # model runner keeps each sequence's position in it
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from httpkit.errors import OpenAIError, validate_request
+from httpkit.validation import InvalidRequest
 from inference.outputs import Logprob
 from inference.sampling_params import SamplingParams
 from inference.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from inference.server.structured_schemas import structured_params
 
 
 @dataclass
@@ -38,6 +40,10 @@ def _sampling(req: GenerationRequest, max_tokens: int | None, logprobs: int | No
     def given(value, default):
         return default if value is None else value
     try:
+        structured = structured_params(req.response_format, req.structured_outputs)
+    except InvalidRequest as exc:
+        raise OpenAIError.invalid(exc) from None
+    try:
         return SamplingParams(
             n=given(req.n, 1), temperature=given(req.temperature, 1.0), top_p=given(req.top_p, 1.0),
             top_k=given(req.top_k, -1), min_p=given(req.min_p, 0.0),
@@ -46,7 +52,7 @@ def _sampling(req: GenerationRequest, max_tokens: int | None, logprobs: int | No
             min_tokens=given(req.min_tokens, 0), stop=req.stop, stop_token_ids=req.stop_token_ids,
             ignore_eos=given(req.ignore_eos, False), logprobs=logprobs,
             skip_special_tokens=given(req.skip_special_tokens, True),
-            include_stop_str_in_output=given(req.include_stop_str_in_output, False))
+            include_stop_str_in_output=given(req.include_stop_str_in_output, False), structured_outputs=structured)
     except ValueError as exc:                      # what only SamplingParams knows (seed + n, min_tokens <= max)
         raise OpenAIError(400, str(exc), str(exc).split(":", 1)[0]) from None
 

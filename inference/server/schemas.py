@@ -15,6 +15,7 @@ from httpkit.validation import Errors, InvalidRequest
 from inference.core.engine import check_messages
 from inference.embeddings import EMBEDDING_MODEL, check_inputs
 from inference.sampling_params import MAX_TOP_K
+from inference.server.structured_schemas import ResponseFormat, StructuredOutputsIn
 
 TokenId = Annotated[int, Field(ge=0)]
 Penalty = Annotated[float | None, Field(ge=-2, le=2), Errors(range="{at}: must be in [-2, 2], got {input!r}")]
@@ -75,6 +76,10 @@ class GenerationRequest(_Request):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     priority: int | None = Field(None, description="lower runs first (vLLM's priority scheduling)")
+    response_format: ResponseFormat | None = None
+    structured_outputs: Annotated[StructuredOutputsIn | None,
+                                  Field(description="vLLM's: exactly one of json, json_object, regex, choice, "
+                                                    "grammar")] = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):

@@ -209,6 +209,9 @@ class ModelRunner(Runner):
         out = ModelRunnerOutput() if out is None else out
         for it, token, lp in zip(sampled, result.token_ids, result.logprobs):
             out.sampled_token_ids[it.request.request_id] = token
+            row = self.rows.get(it.request.request_id)
+            if row is not None and row[1].grammar is not None:
+                row[1].grammar.accept(token)
             if lp is not None:
                 out.logprobs[it.request.request_id] = lp
         return out
@@ -225,8 +228,9 @@ class ModelRunner(Runner):
                 if gen is None:
                     gen = self.generators[req.request_id] = torch.Generator(device=self.device).manual_seed(
                         params.seed)
-            cached = self.rows[req.request_id] = (req, SamplingRow(params, req.prompt_token_ids,
-                                                                   req.output_token_ids, gen, []))
+            cached = self.rows[req.request_id] = (req, SamplingRow(
+                params, req.prompt_token_ids, req.output_token_ids, gen, [],
+                None if req.grammar is None else req.grammar.new_state()))
         row = cached[1]
         if params.min_tokens:
             blocked = []

@@ -20,6 +20,7 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None     # seeded requests only
     blocked_token_ids: list[int]          # EOS / stop ids while below min_tokens
+    grammar: object | None = None         # structured outputs: the sequence's GrammarState
 
 
 @dataclass
@@ -47,6 +48,9 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
                      default_generator: torch.Generator | None = None) -> PendingSample:
     """Choose every row's token on the logits' device. On CUDA the common paths (greedy, and
     temperature / top-k / top-p / min-p sampling) queue device work only, without a host sync."""
+    if any(r.grammar is not None for r in rows):       # structured outputs: what the grammar allows next
+        from inference.structured import apply_masks
+        apply_masks(logits, [r.grammar for r in rows])
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     fast = all(r.params.is_greedy and not r.params.needs_penalties and not r.blocked_token_ids for r in rows)
     if fast and not want_logprobs:

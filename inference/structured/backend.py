@@ -1,0 +1,57 @@
+"""The grammar backend's interface, the mask applied to a batch of logits, and the backend chosen."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from inference.sampling_params import StructuredOutputsParams
+
+
+class GrammarState(Protocol):
+    """One request's position in its grammar."""
+    backend: GrammarBackend
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of the int32 bitmask [rows, ceil(vocab / 32)]: bit t set = token t allowed next."""
+
+    def accept(self, token: int) -> None:
+        """Advance past a sampled token (one the mask allowed)."""
+
+    @property
+    def finished(self) -> bool:
+        """The grammar has matched completely and accepted an end token."""
+
+
+class GrammarBackend(Protocol):
+    name: str
+
+    def compile(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of `spec` (cached), whose new_state() starts a sequence at its
+        beginning; ValueError naming the field when the constraint is invalid."""
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        ...
+
+
+def apply_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
+    """Set to -inf, in place, the logits of tokens each constrained row's grammar does not allow
+    next; rows without a state are left alone. logits [rows, vocab] in any float dtype."""
+    rows = [i for i, s in enumerate(states) if s is not None]
+    if not rows:
+        return
+    bitmask = states[rows[0]].backend.allocate_bitmask(len(rows))
+    for j, i in enumerate(rows):
+        states[i].fill_mask(bitmask, j)
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()   # [R, vocab]
+    index = torch.tensor(rows, device=logits.device)
+    sub = logits.index_select(0, index)
+    logits.index_copy_(0, index, sub.masked_fill_(~allowed.to(logits.device), float("-inf")))
+
+
+def grammar_backend(tokenizer, vocab_size: int, end_ids: list[int]) -> GrammarBackend:
+    """The engine's backend for its tokenizer: xgrammar."""
+    from inference.structured.xgrammar_backend import XGrammarBackend
+    return XGrammarBackend(tokenizer, vocab_size, end_ids)

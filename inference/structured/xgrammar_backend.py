@@ -1,0 +1,99 @@
+"""The grammar backend on xgrammar: its compiler (with its own cache) over the engine's Hugging
+Face tokenizer, and one GrammarMatcher per running request."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+
+import torch
+
+from inference.sampling_params import StructuredOutputsParams
+
+CACHE_SIZE = 256          # compiled grammars kept (a schema is compiled once while it is in use)
+
+
+def _ebnf_choice(choice: tuple[str, ...]) -> str:
+    # JSON's string escapes are valid EBNF string literals in xgrammar's grammar syntax
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
+
+
+class XGrammarState:
+    def __init__(self, matcher, backend: XGrammarBackend):
+        self._matcher, self.backend = matcher, backend
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
+            raise RuntimeError(f"the grammar rejected token {token}, which its own mask allowed")
+
+    @property
+    def finished(self) -> bool:
+        return self._matcher.is_terminated()
+
+
+class CompiledGrammar:
+    """A compiled constraint: what a Request carries; each running sequence gets its own state."""
+
+    def __init__(self, compiled, backend: XGrammarBackend):
+        self._compiled, self.backend = compiled, backend
+
+    def new_state(self) -> XGrammarState:
+        return XGrammarState(self.backend.xgr.GrammarMatcher(self._compiled), self.backend)
+
+
+class XGrammarBackend:
+    name = "xgrammar"
+
+    def __init__(self, tokenizer, vocab_size: int, end_ids: list[int]):
+        import xgrammar as xgr
+        hf = getattr(tokenizer, "hf", None)
+        if hf is None:
+            raise ValueError("structured_outputs: this model's tokenizer is not a Hugging Face tokenizer, "
+                             "which the grammar backend needs")
+        self.xgr = xgr
+        self.vocab_size = vocab_size
+        self.info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=sorted(set(end_ids)))
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self._cache: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()          # request threads compile; the engine thread matches
+
+    def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
+        key = spec.key()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        compiled = CompiledGrammar(self._compile(spec), self)
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, spec: StructuredOutputsParams):
+        c = self.compiler
+        try:
+            if spec.json_object:
+                return c.compile_builtin_json_grammar()
+            if spec.json is not None:
+                schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
+                json.loads(schema)
+                return c.compile_json_schema(schema, any_whitespace=False)
+            if spec.regex is not None:
+                return c.compile_regex(spec.regex)
+            if spec.choice is not None:
+                return c.compile_grammar(_ebnf_choice(spec.choice))
+            return c.compile_grammar(spec.grammar)
+        except (RuntimeError, ValueError, TypeError) as exc:     # xgrammar reports parse errors as these
+            field = next(k for k in ("json", "regex", "choice", "grammar") if getattr(spec, k) is not None) \
+                if not spec.json_object else "json_object"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)        # xgrammar's log prefix: time, C++ file
+            raise ValueError(f"structured_outputs.{field}: {first}") from None
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
