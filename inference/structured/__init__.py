@@ -7,7 +7,12 @@ sampled token, so the output matches by construction.
                                                                 # LRU-cached by the constraint's text
     state = compiled.new_state()                                # one per running sequence
     apply_masks(logits, [state or None per row])                # before sampling
-    state.accept(token)                                         # after it
+    state.try_accept(token)                                     # after it
+
+The sampler (inference/worker/sampler.py) first tries the token chosen without the mask where
+that gives the masked choice exactly (greedy, or sampling with no top-k / top-p / min-p: the
+exponential race's winner, if allowed, is also the winner among the allowed tokens), and masks and
+chooses again only when the grammar rejects it: most steps of a JSON answer build no mask at all.
 
 The backend is xgrammar (inference/structured/xgrammar_backend.py), behind this small interface
 (`GrammarBackend`, `GrammarState`) so that llguidance can stand beside it.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from inference.sampling_params import StructuredOutputsParams
@@ -15,8 +16,8 @@ class GrammarState(Protocol):
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         """Row `row` of the int32 bitmask [rows, ceil(vocab / 32)]: bit t set = token t allowed next."""
 
-    def accept(self, token: int) -> None:
-        """Advance past a sampled token (one the mask allowed)."""
+    def try_accept(self, token: int) -> bool:
+        """Advance past `token` if the grammar allows it next; False (and no change) if not."""
 
     @property
     def finished(self) -> bool:
@@ -44,11 +45,14 @@ def apply_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> None
     for j, i in enumerate(rows):
         states[i].fill_mask(bitmask, j)
     vocab = logits.shape[-1]
-    shifts = torch.arange(32, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()   # [R, vocab]
+    # bit t of a row = token t allowed: unpacked little-endian (2x faster than shifting in torch)
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
+    blocked = torch.from_numpy(bits).to(logits.device) == 0                                   # [R, vocab]
+    if len(rows) == logits.shape[0]:
+        logits.masked_fill_(blocked, float("-inf"))
+        return
     index = torch.tensor(rows, device=logits.device)
-    sub = logits.index_select(0, index)
-    logits.index_copy_(0, index, sub.masked_fill_(~allowed.to(logits.device), float("-inf")))
+    logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(blocked, float("-inf")))
 
 
 def grammar_backend(tokenizer, vocab_size: int, end_ids: list[int]) -> GrammarBackend:

@@ -26,9 +26,9 @@ class XGrammarState:
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
-    def accept(self, token: int) -> None:
-        if not self._matcher.is_terminated() and not self._matcher.accept_token(token):
-            raise RuntimeError(f"the grammar rejected token {token}, which its own mask allowed")
+    def try_accept(self, token: int) -> bool:
+        """Advance past `token` if the grammar allows it next (else nothing changes)."""
+        return self._matcher.is_terminated() or self._matcher.accept_token(token)
 
     @property
     def finished(self) -> bool:

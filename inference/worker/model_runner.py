@@ -209,9 +209,6 @@ class ModelRunner(Runner):
         out = ModelRunnerOutput() if out is None else out
         for it, token, lp in zip(sampled, result.token_ids, result.logprobs):
             out.sampled_token_ids[it.request.request_id] = token
-            row = self.rows.get(it.request.request_id)
-            if row is not None and row[1].grammar is not None:
-                row[1].grammar.accept(token)
             if lp is not None:
                 out.logprobs[it.request.request_id] = lp
         return out

@@ -6,6 +6,7 @@ output does not depend on what else is in the batch.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -48,9 +49,8 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
                      default_generator: torch.Generator | None = None) -> PendingSample:
     """Choose every row's token on the logits' device. On CUDA the common paths (greedy, and
     temperature / top-k / top-p / min-p sampling) queue device work only, without a host sync."""
-    if any(r.grammar is not None for r in rows):       # structured outputs: what the grammar allows next
-        from inference.structured import apply_masks
-        apply_masks(logits, [r.grammar for r in rows])
+    if any(r.grammar is not None for r in rows):
+        return _sample_constrained(logits, rows, default_generator)
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     fast = all(r.params.is_greedy and not r.params.needs_penalties and not r.blocked_token_ids for r in rows)
     if fast and not want_logprobs:
@@ -69,6 +69,41 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
                 logits[i, row.blocked_token_ids] = float("-inf")
         token_ids = _sample_rows(logits, rows, default_generator)
     return PendingSample(token_ids, raw_logprobs, rows)
+
+
+def _checks_first(row: SamplingRow) -> bool:
+    """The token chosen without the grammar's mask is the masked choice whenever the grammar
+    allows it: greedy, or a sample from the whole (tempered) distribution."""
+    p = row.params
+    return p.is_greedy or (p.top_k <= 0 and p.top_p >= 1.0 and p.min_p == 0.0)
+
+
+def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_generator) -> PendingSample:
+    """A batch with structured-output rows (their tokens go to the host: the grammar advances
+    here). Rows that can check first sample without the mask and keep the token if their grammar
+    accepts it; the rest, and the rejected ones, are masked (inference/structured) and sampled."""
+    from inference.structured import apply_masks
+    first = [i for i, r in enumerate(rows) if r.grammar is not None and _checks_first(r)]
+    saved = logits[first].clone() if first else None
+    apply_masks(logits, [r.grammar if r.grammar is not None and i not in first else None for i, r in enumerate(rows)])
+    plain = [dataclasses.replace(r, grammar=None) for r in rows]
+    pending = sample_on_device(logits, plain, default_generator)
+    tokens = pending.token_ids.tolist()
+    retry = [j for j, i in enumerate(first) if not rows[i].grammar.try_accept(tokens[i])]
+    if retry:
+        sub = saved[retry]
+        sub_rows = [rows[first[j]] for j in retry]
+        apply_masks(sub, [r.grammar for r in sub_rows])
+        again = sample_on_device(sub, [dataclasses.replace(r, grammar=None) for r in sub_rows],
+                                 default_generator).token_ids.tolist()
+        for j, token in zip(retry, again):
+            tokens[first[j]] = token
+    for i, r in enumerate(rows):
+        if r.grammar is not None and (i not in first or first.index(i) in retry):
+            if not r.grammar.try_accept(tokens[i]):
+                raise RuntimeError(f"the grammar rejected token {tokens[i]}, which its own mask allowed")
+    token_ids = torch.tensor(tokens, device=logits.device)
+    return PendingSample(token_ids, pending.raw_logprobs, rows)
 
 
 def resolve(pending: PendingSample, token_ids: list[int] | None = None) -> SamplerOutput:
