@@ -2,6 +2,7 @@
 `random:` models (which have no vocabulary of their own, but must still take text prompts)."""
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +20,13 @@ class Tokenizer(Protocol):
 # set): end of text / turn, and the FIM and repository separators a completion must not run past.
 END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>",
               "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+# Tools for a chat template that does not render them: the call format Qwen2.5's template asks for
+# (inference/server/tool_calls.py parses it)
+TOOLS_SYSTEM = ("You can call these tools. To call one, answer with only\n"
+                "<tool_call>\n{{\"name\": <tool name>, \"arguments\": <arguments object>}}\n</tool_call>\n"
+                "Tools (JSON):\n{tools}")
 
 
 class HFTokenizer:
@@ -47,9 +55,13 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The model's own template (Qwen2.5's renders `tools`, OpenAI-shaped function definitions)."""
+        """The model's own template (Qwen2.5's renders `tools`, OpenAI-shaped function definitions);
+        a template that does not render tools gets them in a system message of ours (TOOLS_SYSTEM)."""
         if not self.hf.chat_template:
             raise ValueError("messages: this model's tokenizer has no chat template")
+        if tools and "tools" not in self.hf.chat_template:
+            messages = [{"role": "system", "content": TOOLS_SYSTEM.format(tools=json.dumps(tools))}, *messages]
+            tools = None
         with self._lock:
             text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                tools=tools)

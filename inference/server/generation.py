@@ -14,6 +14,7 @@ from httpkit.errors import OpenAIError
 from inference.online_engine import OnlineEngine, RequestStream
 from inference.outputs import StreamDelta
 from inference.server.protocol import ParsedRequest, chat_logprobs, completion_logprobs, usage
+from inference.server.tool_calls import OPEN, parse_calls, safe_prefix
 
 POLL_S = 0.2            # how often a waiting handler checks whether its client is still there
 
@@ -42,7 +43,8 @@ def tokenize_job(parsed: ParsedRequest, engine: OnlineEngine) -> _Job:
     ids_list, texts = [], []
     for p in parsed.prompts:
         if "messages" in p:
-            ids, text = tok.apply_chat_template(p["messages"], add_generation_prompt=True), None
+            tools = {"tools": p["tools"]} if p.get("tools") else {}
+            ids, text = tok.apply_chat_template(p["messages"], add_generation_prompt=True, **tools), None
         elif "text" in p:
             ids, text = tok.encode(p["text"]), p["text"]
         else:
@@ -116,8 +118,12 @@ def collect(job: _Job) -> dict:
         text = "".join(texts.get(k, []))
         i = k // n
         if p.kind == "chat":
-            choice = {"index": k, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish.get(k)}
+            message, fin = {"role": "assistant", "content": text}, finish.get(k)
+            content, calls = parse_calls(text, _names(p)) if p.tools else (text, [])
+            if calls:                          # the model called tools (OpenAI's shape)
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                fin = "tool_calls" if fin == "stop" else fin
+            choice = {"index": k, "message": message, "logprobs": None, "finish_reason": fin}
             if p.top_logprobs is not None:
                 choice["logprobs"] = chat_logprobs(tokens.get(k, []), lps.get(k, []), _decode_one(job), p.top_logprobs)
         else:
@@ -140,11 +146,17 @@ def sse(job: _Job) -> Iterator[str]:
     completion_tokens = 0
     started: set[int] = set()
     cached: dict[int, int] = {}
+    held: dict[int, list] = {}                   # with tools: choice -> [its text, how much went out]
     try:
         for i, d in _deltas(job):
             k = _choice_index(job, i, d.index)
             completion_tokens += len(d.token_ids)
             cached[i] = max(cached.get(i, 0), d.num_cached_tokens)
+            if p.kind == "chat" and p.tools:
+                for chunk in _tool_deltas(held.setdefault(k, ["", 0]), d, k not in started, _names(p)):
+                    started.add(k)
+                    yield f"data: {json.dumps({**base, 'choices': [{'index': k, **chunk}]}, ensure_ascii=False)}\n\n"
+                continue
             if p.kind == "chat":
                 delta = {"content": d.text}
                 if k not in started:
@@ -180,4 +192,31 @@ def _echo_text(job: _Job, i: int) -> str:
 
 def _response_id(p: ParsedRequest) -> str:
     return ("chatcmpl-" if p.kind == "chat" else "cmpl-") + p.request_id
+
+
+def _names(p: ParsedRequest) -> set[str]:
+    return {t["function"]["name"] for t in p.tools or []}
+
+
+def _tool_deltas(held: list, d: StreamDelta, first: bool, names: set[str]) -> Iterator[dict]:
+    """A streamed choice of a request with tools: text goes out as content up to where a call may
+    start; at the end the calls go out as OpenAI's delta.tool_calls (id, type and name first, then
+    the arguments), which the openai SDK reassembles, and finish_reason is "tool_calls"."""
+    held[0] += d.text
+    calls = parse_calls(held[0], names)[1] if d.finish_reason else []
+    cut = (max(0, held[0].find(OPEN)) if calls else len(held[0])) if d.finish_reason else safe_prefix(held[0])
+    text, held[1] = held[0][held[1]:max(cut, held[1])], max(cut, held[1])
+    role = {"role": "assistant"} if first else {}
+    if text or first:
+        yield {"delta": {**role, "content": text}, "logprobs": None, "finish_reason": None}
+    for n, call in enumerate(calls):
+        fn = call["function"]
+        yield {"delta": {"tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                         "function": {"name": fn["name"], "arguments": ""}}]},
+               "logprobs": None, "finish_reason": None}
+        yield {"delta": {"tool_calls": [{"index": n, "function": {"arguments": fn["arguments"]}}]},
+               "logprobs": None, "finish_reason": None}
+    if d.finish_reason:
+        fin = "tool_calls" if calls and d.finish_reason == "stop" else d.finish_reason
+        yield {"delta": {}, "logprobs": None, "finish_reason": fin}
 

@@ -7,6 +7,7 @@ renders as OpenAI's error body.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -15,9 +16,10 @@ from typing import Any
 from httpkit.errors import OpenAIError, validate_request
 from httpkit.validation import InvalidRequest
 from inference.outputs import Logprob
-from inference.sampling_params import SamplingParams
-from inference.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from inference.sampling_params import SamplingParams, StructuredOutputsParams
+from inference.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, NamedToolChoice
 from inference.server.structured_schemas import structured_params
+from inference.server.tool_calls import call_grammar, check_parameters, template_messages
 
 
 @dataclass
@@ -33,6 +35,7 @@ class ParsedRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     priority: int = 0
+    tools: list[dict[str, Any]] | None = None  # chat: the tools offered (their calls are parsed from the text)
 
 
 def _sampling(req: GenerationRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -74,11 +77,25 @@ def parse_completion(body: Any) -> ParsedRequest:
 
 def parse_chat(body: Any) -> ParsedRequest:
     req = validate_request(ChatCompletionRequest, body)
-    conv = [{"role": m.role, "content": m.content_text} for m in req.messages]
+    conv = template_messages([m.for_template() for m in req.messages])
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(req, req.max_completion_tokens or req.max_tokens, top)
-    return ParsedRequest("chat", req.model, [{"messages": conv}], params, bool(req.stream), _include_usage(req),
-                         top_logprobs=top, priority=req.priority or 0)
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+    if tools:
+        try:
+            check_parameters(tools)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), "tools") from None
+        forced = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        if forced is not None or req.tool_choice == "required":      # the call is held to the tools' schemas
+            if params.structured_outputs is not None:
+                raise OpenAIError(400, "tool_choice 'required' or a named function cannot be combined with "
+                                       "response_format or structured_outputs", "tool_choice")
+            params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(
+                grammar=call_grammar(tools, forced)))
+    prompt = {"messages": conv, **({"tools": tools} if tools else {})}
+    return ParsedRequest("chat", req.model, [prompt], params, bool(req.stream), _include_usage(req),
+                         top_logprobs=top, priority=req.priority or 0, tools=tools)
 
 
 # ---- response shapes -------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from httpkit.openapi import Body, Stream
 from httpkit.validation import Errors, InvalidRequest
@@ -23,7 +24,7 @@ Penalty = Annotated[float | None, Field(ge=-2, le=2), Errors(range="{at}: must b
 Seed = Annotated[int | None, Field(ge=0, le=2**63 - 2, description="at most 2^63 - 1 - n"),
                  Errors(range="seed: must be an integer in [0, 2**63 - n), got {input!r}")]
 TYPE = "'{at}' must be of type {label}, got {got}"           # OpenAI's words for a wrong JSON type
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class _Request(BaseModel):
@@ -117,17 +118,64 @@ class TextPart(_Request):
 class ChatMessage(_Request):
     model_config = ConfigDict(extra="allow")
     error_messages: ClassVar[Errors] = Errors(object="'{at}' must be an object")
-    role: Annotated[Literal["system", "user", "assistant"],
+    role: Annotated[Literal["system", "user", "assistant", "tool"],
                     Errors(f"'{{at}}' must be one of {list(ROLES)}, got {{input!r}}",
                            missing=f"'{{at}}' must be one of {list(ROLES)}, got None")]
-    content: Annotated[str | list[TextPart],
+    tool_calls: list[dict[str, Any]] | None = None       # an assistant's calls (OpenAI's shape)
+    tool_call_id: str | None = None                      # a tool message: the call it answers
+    content: Annotated[str | list[TextPart] | None, Field(validate_default=True),
                        Errors("'{at}' parts must be text parts", string_type="'{at}' must be a string",
-                              missing="'{at}' must be a string")]
+                              missing="'{at}' must be a string")] = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_calls(cls, value, info):
+        if value is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise PydanticCustomError("string_type", "content must be a string")   # worded by the marker
+        return value
+
+    @model_validator(mode="after")
+    def _tool_answers_a_call(self):
+        if self.role == "tool" and self.tool_call_id is None:
+            raise InvalidRequest("a 'tool' message needs the 'tool_call_id' it answers", "messages")
+        return self
 
     @property
     def content_text(self) -> str:
-        """The content, its text parts joined."""
+        """The content, its text parts joined ("" for an assistant's tool calls alone)."""
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template takes it (tool calls and their ids kept)."""
+        out = {"role": self.role, "content": self.content_text}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key, None) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class FunctionDef(_Request):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$"),
+                    Errors("'{at}' must be 1-64 letters, digits, '_', '.' or '-', got {input!r}")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Annotated[Literal["function"], Errors("'{at}' must be 'function', got {input!r}")]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Annotated[Literal["function"], Errors("'{at}' must be 'function', got {input!r}")]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -137,6 +185,21 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = None
     top_logprobs: Annotated[int | None, Field(ge=0, le=20, description="needs logprobs: true"), Errors(
         range="'top_logprobs' needs logprobs=true and must be between 0 and 20")] = None
+    tools: Annotated[list[Tool] | None, Field(max_length=128)] = None
+    tool_choice: Annotated[Literal["auto", "none", "required"] | NamedToolChoice | None,
+                           Errors("'tool_choice' must be 'auto', 'none', 'required' or "
+                                  "{'type': 'function', 'function': {'name': ...}}")] = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self):
+        names = [t.function.name for t in self.tools or []]
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise InvalidRequest(f"tool_choice: no tool named {self.tool_choice.function.name!r} in 'tools'",
+                                 "tool_choice")
+        if self.tool_choice == "required" and not names:
+            raise InvalidRequest("tool_choice: 'required' needs 'tools'", "tool_choice")
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
