@@ -39,3 +39,15 @@ def test_the_chat_template_renders_tools(tok):
                       skip_special_tokens=False)
     assert "# Tools" in text and '"name": "order_status"' in text and "<tool_call>" in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_without_tools_gets_them_in_a_system_message():
+    """SmolLM2's template does not render tools: they go in a system message of ours, which asks
+    for Qwen's <tool_call> format (inference/server/tool_calls.py parses it)."""
+    smol = HFTokenizer(resolve_model_dir("smollm2"))
+    assert "tools" not in smol.hf.chat_template
+    tools = [{"type": "function", "function": {"name": "order_status", "parameters": {"type": "object"}}}]
+    text = smol.decode(smol.apply_chat_template([{"role": "user", "content": "Where is order 42?"}], tools=tools),
+                       skip_special_tokens=False)
+    assert "<tool_call>" in text and '"name": "order_status"' in text
+    assert text.index("order_status") < text.index("Where is order 42?")
