@@ -1,7 +1,7 @@
 """Structured outputs through the real `openai` SDK against `python -m inference serve` on the
 default model (Qwen2.5-Coder-0.5B): every output matches its JSON Schema (checked with
-`jsonschema`), regex, choice or grammar, at temperature 0 and 1; bad constraints are 400s that
-name the field, and the server keeps serving."""
+`jsonschema`, 30 schemas in structured_cases.py), regex, choice or grammar, at temperature 0 and 1;
+bad constraints are 400s that name the field, and the server keeps serving."""
 from __future__ import annotations
 
 import json
@@ -13,36 +13,10 @@ import openai
 import pytest
 
 from tests.helpers.inference_server import running_server
+from tests.inference.server.structured_cases import SCHEMAS
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen2.5-coder-0.5b"
-
-SCHEMAS = {
-    "person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
-                                                "age": {"type": "integer", "minimum": 0, "maximum": 130}},
-               "required": ["name", "age"], "additionalProperties": False},
-    "order_status": {"type": "object", "properties": {
-        "order_id": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{4}$"},
-        "status": {"enum": ["pending", "shipped", "delivered", "returned"]}},
-        "required": ["order_id", "status"], "additionalProperties": False},
-    "tags": {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
-                                                       "minItems": 1, "maxItems": 3}},
-             "required": ["tags"], "additionalProperties": False},
-    "nullable_note": {"type": "object", "properties": {
-        "note": {"anyOf": [{"type": "string", "maxLength": 30}, {"type": "null"}]},
-        "score": {"type": "number", "minimum": 0, "maximum": 1}},
-        "required": ["note", "score"], "additionalProperties": False},
-    "nested": {"type": "object", "properties": {
-        "customer": {"type": "object", "properties": {"email": {"type": "string", "maxLength": 40},
-                                                      "vip": {"type": "boolean"}},
-                     "required": ["email", "vip"], "additionalProperties": False},
-        "items": {"type": "array", "maxItems": 2, "items": {
-            "type": "object", "properties": {"sku": {"type": "string", "maxLength": 8},
-                                             "qty": {"type": "integer", "minimum": 1, "maximum": 9}},
-            "required": ["sku", "qty"], "additionalProperties": False}}},
-        "required": ["customer", "items"], "additionalProperties": False},
-}
-
 
 @pytest.fixture(scope="module")
 def server():
