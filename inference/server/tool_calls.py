@@ -51,6 +51,8 @@ def call_grammar(tools: list[dict], name: str | None = None) -> str:
 def check_parameters(tools: list[dict]) -> None:
     """ValueError naming the tool whose parameters are not a JSON Schema the grammar backend takes."""
     import xgrammar as xgr
+
+    from inference.structured.xgrammar_backend import error_text
     for i, tool in enumerate(tools):
         params = tool["function"].get("parameters")
         if params is None:
@@ -58,8 +60,7 @@ def check_parameters(tools: list[dict]) -> None:
         try:
             xgr.Grammar.from_json_schema(json.dumps(params))
         except (RuntimeError, ValueError, TypeError) as exc:
-            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip().splitlines()[0] if str(exc).strip() else "")
-            raise ValueError(f"tools[{i}].function.parameters: {first or type(exc).__name__}") from None
+            raise ValueError(f"tools[{i}].function.parameters: {error_text(exc)}") from None
 
 
 def _openai_call(body: Any, names: set[str] | None) -> dict[str, Any] | None:

@@ -14,6 +14,12 @@ from inference.sampling_params import StructuredOutputsParams
 CACHE_SIZE = 256          # compiled grammars kept (a schema is compiled once while it is in use)
 
 
+def error_text(exc: Exception) -> str:
+    """xgrammar's first error line without its log prefix (time, C++ file and line)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)
+
+
 def _ebnf_choice(choice: tuple[str, ...]) -> str:
     # JSON's string escapes are valid EBNF string literals in xgrammar's grammar syntax
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
@@ -91,9 +97,7 @@ class XGrammarBackend:
         except (RuntimeError, ValueError, TypeError) as exc:     # xgrammar reports parse errors as these
             field = next(k for k in ("json", "regex", "choice", "grammar") if getattr(spec, k) is not None) \
                 if not spec.json_object else "json_object"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)        # xgrammar's log prefix: time, C++ file
-            raise ValueError(f"structured_outputs.{field}: {first}") from None
+            raise ValueError(f"structured_outputs.{field}: {error_text(exc)}") from None
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
