@@ -84,14 +84,16 @@ def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_g
     accepts it; the rest, and the rejected ones, are masked (inference/structured) and sampled."""
     from inference.structured import apply_masks
     first = [i for i, r in enumerate(rows) if r.grammar is not None and _checks_first(r)]
-    saved = logits[first].clone() if first else None
+    # the rows as they are now, for a retry: sampling changes fp32 logits in place (a bf16 batch is
+    # copied to fp32 first, and greedy reads it only), so only then is a copy needed up front
+    saved = logits.clone() if first and logits.dtype == torch.float32 else logits
     apply_masks(logits, [r.grammar if r.grammar is not None and i not in first else None for i, r in enumerate(rows)])
     plain = [dataclasses.replace(r, grammar=None) for r in rows]
     pending = sample_on_device(logits, plain, default_generator)
     tokens = pending.token_ids.tolist()
     retry = [j for j, i in enumerate(first) if not rows[i].grammar.try_accept(tokens[i])]
     if retry:
-        sub = saved[retry]
+        sub = saved[[first[j] for j in retry]]
         sub_rows = [rows[first[j]] for j in retry]
         apply_masks(sub, [r.grammar for r in sub_rows])
         again = sample_on_device(sub, [dataclasses.replace(r, grammar=None) for r in sub_rows],
