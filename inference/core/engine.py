@@ -113,10 +113,12 @@ class LLMEngine:
                              f"n samples of a request), got {request_id!r}")
         if request_id in self.states:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        return ValidatedRequest(request_id, text, token_ids, params, priority, now(), self._grammar(params))
+        return ValidatedRequest(request_id, text, token_ids, params, priority, now(), self.compile_grammar(params))
 
-    def _grammar(self, params: SamplingParams):
-        """The request's structured_outputs compiled (cached per constraint), or None."""
+    def compile_grammar(self, params: SamplingParams):
+        """The request's structured_outputs compiled (cached per constraint), or None. validate()
+        calls it; a server may call it first, outside its admission lock, so that a new schema's
+        compile does not hold other requests back."""
         if params.structured_outputs is None:
             return None
         if self.speculator is not None or self.config.parallel.tensor_parallel_size > 1:

@@ -277,6 +277,10 @@ def _serve(parsed: ParsedRequest) -> Response:
         raise OpenAIError(404, f"The model '{parsed.model}' does not exist", "model", code="model_not_found")
     job = tokenize_job(parsed, engine)
     job.client_gone = request.environ.get("waitress.client_disconnected", lambda: False)
+    try:                                       # a new constraint compiles here, not under the lock
+        engine.engine.compile_grammar(parsed.params)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), str(exc).split(":", 1)[0]) from None
     with _ctx()["admission"]:                  # count and admit atomically
         stats = engine.stats()
         waiting = engine.num_unfinished - (stats.scheduler.num_running if stats else 0)

@@ -65,7 +65,8 @@ class XGrammarBackend:
         self.info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=sorted(set(end_ids)))
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[str, object] = OrderedDict()
-        self._lock = threading.Lock()          # request threads compile; the engine thread matches
+        self._lock = threading.Lock()          # the cache: request threads compile, the engine thread matches
+        self._compiling = threading.Lock()     # one compile at a time on the shared compiler
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
         key = spec.key()
@@ -73,7 +74,8 @@ class XGrammarBackend:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        compiled = CompiledGrammar(self._compile(spec), self)
+        with self._compiling:
+            compiled = CompiledGrammar(self._compile(spec), self)
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > CACHE_SIZE:
