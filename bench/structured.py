@@ -69,10 +69,7 @@ def throughput(llm, prompts: list[str], constrained: bool, max_tokens: int, reps
 
 def compile_times(llm) -> dict:
     from inference.sampling_params import StructuredOutputsParams
-    from inference.structured import grammar_backend
-    engine = llm.engine
-    ends = sorted(engine.end_token_ids | {engine.eos_token_id})
-    backend = grammar_backend(engine.tokenizer, engine.arch.vocab_size, ends)
+    backend = llm.engine.new_grammar_backend()           # its own cache: every first compile is cold
     cold, warm = {}, {}
     for name, schema in SCHEMAS.items():
         spec = StructuredOutputsParams(json=schema)

@@ -51,13 +51,17 @@ class StructuredOutputsParams:
                 raise ValueError("structured_outputs.choice: must be a non-empty list of non-empty strings")
             object.__setattr__(self, "choice", tuple(self.choice))
 
+    @property
+    def kind(self) -> str:
+        """Which field is given: json, json_object, regex, choice or grammar."""
+        return "json_object" if self.json_object else next(
+            k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None)
+
     def key(self) -> str:
         """A stable text of the constraint (the grammar cache's key)."""
         import json as _json
-        kind = next(k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None) \
-            if not self.json_object else "json_object"
-        value = getattr(self, kind) if kind != "json_object" else True
-        return f"{kind}:" + (value if isinstance(value, str) else _json.dumps(value, sort_keys=True))
+        value = True if self.json_object else getattr(self, self.kind)
+        return f"{self.kind}:" + (value if isinstance(value, str) else _json.dumps(value, sort_keys=True))
 
 
 @dataclass

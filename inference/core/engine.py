@@ -125,10 +125,14 @@ class LLMEngine:
             raise ValueError("structured_outputs: not supported with speculative decoding or tensor parallelism yet")
         with self._grammar_lock:
             if self._grammar_backend is None:
-                from inference.structured import grammar_backend
-                ends = sorted(self.end_token_ids | ({self.eos_token_id} if self.eos_token_id is not None else set()))
-                self._grammar_backend = grammar_backend(self.tokenizer, self.arch.vocab_size, ends)
+                self._grammar_backend = self.new_grammar_backend()
         return self._grammar_backend.compile(params.structured_outputs)
+
+    def new_grammar_backend(self):
+        """A grammar backend over this engine's tokenizer, ending at its end-of-generation tokens."""
+        from inference.structured import grammar_backend
+        ends = sorted(self.end_token_ids | ({self.eos_token_id} if self.eos_token_id is not None else set()))
+        return grammar_backend(self.tokenizer, self.arch.vocab_size, ends)
 
     def add_request(self, req: ValidatedRequest) -> None:
         """Queue a validated request (its n samples run as n sequences)."""

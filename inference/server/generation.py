@@ -147,13 +147,14 @@ def sse(job: _Job) -> Iterator[str]:
     started: set[int] = set()
     cached: dict[int, int] = {}
     held: dict[int, list] = {}                   # with tools: choice -> [its text, how much went out]
+    names = _names(p)
     try:
         for i, d in _deltas(job):
             k = _choice_index(job, i, d.index)
             completion_tokens += len(d.token_ids)
             cached[i] = max(cached.get(i, 0), d.num_cached_tokens)
             if p.kind == "chat" and p.tools:
-                for chunk in _tool_deltas(held.setdefault(k, ["", 0]), d, k not in started, _names(p)):
+                for chunk in _tool_deltas(held.setdefault(k, ["", 0]), d, k not in started, names):
                     started.add(k)
                     yield f"data: {json.dumps({**base, 'choices': [{'index': k, **chunk}]}, ensure_ascii=False)}\n\n"
                 continue

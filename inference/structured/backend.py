@@ -19,10 +19,6 @@ class GrammarState(Protocol):
     def try_accept(self, token: int) -> bool:
         """Advance past `token` if the grammar allows it next; False (and no change) if not."""
 
-    @property
-    def finished(self) -> bool:
-        """The grammar has matched completely and accepted an end token."""
-
 
 class GrammarBackend(Protocol):
     name: str

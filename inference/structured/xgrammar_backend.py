@@ -36,10 +36,6 @@ class XGrammarState:
         """Advance past `token` if the grammar allows it next (else nothing changes)."""
         return self._matcher.is_terminated() or self._matcher.accept_token(token)
 
-    @property
-    def finished(self) -> bool:
-        return self._matcher.is_terminated()
-
 
 class CompiledGrammar:
     """A compiled constraint: what a Request carries; each running sequence gets its own state."""
@@ -97,9 +93,7 @@ class XGrammarBackend:
                 return c.compile_grammar(_ebnf_choice(spec.choice))
             return c.compile_grammar(spec.grammar)
         except (RuntimeError, ValueError, TypeError) as exc:     # xgrammar reports parse errors as these
-            field = next(k for k in ("json", "regex", "choice", "grammar") if getattr(spec, k) is not None) \
-                if not spec.json_object else "json_object"
-            raise ValueError(f"structured_outputs.{field}: {error_text(exc)}") from None
+            raise ValueError(f"structured_outputs.{spec.kind}: {error_text(exc)}") from None
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return self.xgr.allocate_token_bitmask(rows, self.vocab_size)

@@ -6,7 +6,6 @@ output does not depend on what else is in the batch.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +50,10 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
     temperature / top-k / top-p / min-p sampling) queue device work only, without a host sync."""
     if any(r.grammar is not None for r in rows):
         return _sample_constrained(logits, rows, default_generator)
+    return _sample_unconstrained(logits, rows, default_generator)
+
+
+def _sample_unconstrained(logits: torch.Tensor, rows: list[SamplingRow], default_generator) -> PendingSample:
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     fast = all(r.params.is_greedy and not r.params.needs_penalties and not r.blocked_token_ids for r in rows)
     if fast and not want_logprobs:
@@ -87,23 +90,19 @@ def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_g
     # the rows as they are now, for a retry: sampling changes fp32 logits in place (a bf16 batch is
     # copied to fp32 first, and greedy reads it only), so only then is a copy needed up front
     saved = logits.clone() if first and logits.dtype == torch.float32 else logits
-    apply_masks(logits, [r.grammar if r.grammar is not None and i not in first else None for i, r in enumerate(rows)])
-    plain = [dataclasses.replace(r, grammar=None) for r in rows]
-    pending = sample_on_device(logits, plain, default_generator)
+    masked = [i for i, r in enumerate(rows) if r.grammar is not None and i not in first]
+    apply_masks(logits, [rows[i].grammar if i in masked else None for i in range(len(rows))])
+    pending = _sample_unconstrained(logits, rows, default_generator)
     tokens = pending.token_ids.tolist()
-    retry = [j for j, i in enumerate(first) if not rows[i].grammar.try_accept(tokens[i])]
+    retry = [i for i in first if not rows[i].grammar.try_accept(tokens[i])]
     if retry:
-        sub = saved[[first[j] for j in retry]]
-        sub_rows = [rows[first[j]] for j in retry]
+        sub, sub_rows = saved[retry], [rows[i] for i in retry]
         apply_masks(sub, [r.grammar for r in sub_rows])
-        again = sample_on_device(sub, [dataclasses.replace(r, grammar=None) for r in sub_rows],
-                                 default_generator).token_ids.tolist()
-        for j, token in zip(retry, again):
-            tokens[first[j]] = token
-    for i, r in enumerate(rows):
-        if r.grammar is not None and (i not in first or first.index(i) in retry):
-            if not r.grammar.try_accept(tokens[i]):
-                raise RuntimeError(f"the grammar rejected token {tokens[i]}, which its own mask allowed")
+        for i, token in zip(retry, _sample_unconstrained(sub, sub_rows, default_generator).token_ids.tolist()):
+            tokens[i] = token
+    for i in masked + retry:                  # chosen under the mask: the grammar must take them
+        if not rows[i].grammar.try_accept(tokens[i]):
+            raise RuntimeError(f"the grammar rejected token {tokens[i]}, which its own mask allowed")
     token_ids = torch.tensor(tokens, device=logits.device)
     return PendingSample(token_ids, pending.raw_logprobs, rows)
 
