@@ -13,7 +13,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]: ...
 
 
 # Special tokens that end a generation wherever a vocabulary has them (llama.cpp's end-of-generation
@@ -27,6 +28,11 @@ END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<
 TOOLS_SYSTEM = ("You can call these tools. To call one, answer with only\n"
                 "<tool_call>\n{{\"name\": <tool name>, \"arguments\": <arguments object>}}\n</tool_call>\n"
                 "Tools (JSON):\n{tools}")
+
+
+def with_tools_system(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fallback for a template without tools: the definitions in a system message first."""
+    return [{"role": "system", "content": TOOLS_SYSTEM.format(tools=json.dumps(tools))}, *messages]
 
 
 class HFTokenizer:
@@ -60,8 +66,7 @@ class HFTokenizer:
         if not self.hf.chat_template:
             raise ValueError("messages: this model's tokenizer has no chat template")
         if tools and "tools" not in self.hf.chat_template:
-            messages = [{"role": "system", "content": TOOLS_SYSTEM.format(tools=json.dumps(tools))}, *messages]
-            tools = None
+            messages, tools = with_tools_system(messages, tools), None
         with self._lock:
             text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                tools=tools)
@@ -86,6 +91,12 @@ class ByteTokenizer:
                      if not (skip_special_tokens and t < self.NUM_SPECIAL))
         return data.decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """`role: content` lines; tools come first in a system message, and an assistant's
+        tool calls as their JSON (a message's content may be null beside them)."""
+        if tools:
+            messages = with_tools_system(messages, tools)
+        text = "".join(f"{m['role']}: {m.get('content') or ''}"
+                       f"{json.dumps(m['tool_calls']) if m.get('tool_calls') else ''}\n" for m in messages)
         return self.encode(text + ("assistant: " if add_generation_prompt else ""))

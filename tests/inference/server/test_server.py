@@ -336,6 +336,21 @@ def test_chat_content_parts(tiny):
     assert as_parts.usage.prompt_tokens == as_str.usage.prompt_tokens
 
 
+def test_tools_on_a_byte_tokenizer_model_render_in_the_fallback_and_count(tiny):
+    """A `random:` model has no chat template: tools go in the fallback system message, and an
+    assistant turn that carries only tool calls (content null) renders too; never a 500."""
+    c, tools = tiny.client(), [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": _unique("tools")}]
+    plain = c.chat.completions.create(model=TINY, messages=msgs, max_tokens=2, extra_body=NO_EOS)
+    out = c.chat.completions.create(model=TINY, messages=msgs, tools=tools, max_tokens=2, extra_body=NO_EOS)
+    assert out.usage.prompt_tokens > plain.usage.prompt_tokens
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    turn = [*msgs, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    again = c.chat.completions.create(model=TINY, messages=turn, tools=tools, max_tokens=2, extra_body=NO_EOS)
+    assert again.usage.prompt_tokens > out.usage.prompt_tokens and again.choices[0].finish_reason == "length"
+
+
 # ---- API keys ------------------------------------------------------------------------------------
 def test_api_key_required_on_v1(tiny):
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k1"}, {"Authorization": "Basic k1"}):
