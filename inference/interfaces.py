@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from inference.core.kv_reuse import KVShift
 from inference.core.kv_tiers import KVTransfer
 from inference.core.request import Request
 
@@ -50,6 +51,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     # copies between KV tiers the runner makes before this step's forward (inference/core/kv_tiers.py)
     kv_transfers: list[KVTransfer] = field(default_factory=list)
+    # KV copied from a recent request, keys rotated, before anything else (inference/core/kv_reuse.py)
+    kv_shifts: list[KVShift] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -84,6 +84,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # shifted KV reuse (llama.cpp's --cache-reuse): > 0 lets this request take the KV of a run of at
+    # least that many prompt tokens from a recent request, where the run sits at another position,
+    # rotated to its new one (inference/core/kv_reuse.py). Faster, and approximate: the run's KV
+    # was computed after other tokens. 0 (default): every prompt token not in the exact prefix cache
+    # is computed.
+    cache_reuse: int = 0
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -128,6 +134,8 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be a list of non-negative integers")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "must be a StructuredOutputsParams")
+        if not isinstance(self.cache_reuse, int) or isinstance(self.cache_reuse, bool) or self.cache_reuse < 0:
+            raise bad("cache_reuse", "must be an integer >= 0 (0: off)")
 
 
     @property

@@ -66,6 +66,7 @@ class CompletionRequest:
     top_k: int = -1
     n_indent: int = 0                   # llama.cpp's: end at a later line indented less than this
     t_max_predict_ms: int | None = None     # llama.cpp's: stop at a line end once this has passed
+    cache_prompt: bool = True           # llama.cpp's: false turns shifted KV reuse off (exact prompts)
 
 
 # ---- request shapes ------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def parse_infill(body: Any) -> CompletionRequest:
         temperature=0.0 if greedy else _given(req.temperature, 0.2), top_p=_given(req.top_p, 0.95),
         top_k=_given(req.top_k, -1), max_tokens=n_predict, stop=list(req.stop or []),
         seed=None if req.seed in (None, -1) else req.seed, stream=req.stream, n_indent=req.n_indent or 0,
-        t_max_predict_ms=req.t_max_predict_ms or None)
+        t_max_predict_ms=req.t_max_predict_ms or None, cache_prompt=req.cache_prompt)
 
 
 def parse_request(body: Any) -> tuple[CompletionRequest, bool]:
@@ -143,14 +144,16 @@ class CompletionResult:
 
 
 class CompletionService:
-    # Token budgets. The suffix follows the prefix in a FIM prompt, so every keystroke prefills it
-    # again (the prefix before the cursor is in the prefix cache): 64 suffix tokens halved the
+    # Token budgets. The suffix follows the prefix in a FIM prompt, so every keystroke would prefill
+    # it again (the prefix before the cursor is in the prefix cache): 64 suffix tokens halved the
     # typing trace's P50 against 256 (684 -> 336 ms, bench/cpu/typing_trace.py) for 0.549 -> 0.524
     # HumanEval single-line pass@1 (bench/cpu/completion_eval.py).
+    # cache_reuse: the engine takes a moved run of at least this many tokens (the suffix, mostly)
+    # from the user's last request instead (SamplingParams.cache_reuse; 0: off).
     def __init__(self, client: InferenceClient, template: FimTemplate, languages: Languages | None = None,
                  prefix_budget: int = 768, suffix_budget: int = 64, snippet_budget: int = 384,
-                 cache: CompletionCache | None = None):
-        self.client, self.template = client, template
+                 cache: CompletionCache | None = None, cache_reuse: int = 16):
+        self.client, self.template, self.cache_reuse = client, template, cache_reuse
         self.languages = languages or Languages()
         self.prefix_budget, self.suffix_budget, self.snippet_budget = prefix_budget, suffix_budget, snippet_budget
         self.cache = cache or CompletionCache()
@@ -264,7 +267,8 @@ class CompletionService:
         text, wasted, first = "", 0, None
         stream = self.client.complete_stream(p.text, max_tokens=max(1, req.max_tokens), temperature=req.temperature,
                                              top_p=req.top_p, top_k=req.top_k, stop=p.stops, seed=req.seed,
-                                             request_id=request_id)
+                                             request_id=request_id,
+                                             cache_reuse=self.cache_reuse if req.cache_prompt else 0)
         for piece in stream:
             if event.is_set():
                 wasted += 1            # the abort is on its way: count what still arrives
@@ -297,7 +301,8 @@ def service_for(client: InferenceClient, index_dir: str | None = None) -> Comple
         model_type = getattr(getattr(engine.engine, "arch", None), "model_type", None)
     budgets = {name: int(os.environ[var]) for name, var in (("prefix_budget", "COMPLETION_PREFIX_TOKENS"),
                                                             ("suffix_budget", "COMPLETION_SUFFIX_TOKENS"),
-                                                            ("snippet_budget", "COMPLETION_SNIPPET_TOKENS"))
+                                                            ("snippet_budget", "COMPLETION_SNIPPET_TOKENS"),
+                                                            ("cache_reuse", "COMPLETION_CACHE_REUSE"))
                if os.environ.get(var)}
     service = CompletionService(client, choose_fim_template(vocab, model_type), **budgets)
     folder = Path(index_dir) if index_dir else DEFAULT_INDEX_DIR

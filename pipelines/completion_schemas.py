@@ -94,7 +94,8 @@ class ExtraChunk(_Body):
 
 class InfillIn(_Body):
     """llama.cpp's /infill body, as llama.vscode and llama.vim send it. Fields we do not use
-    (t_max_prompt_ms, id_slot, lora, ...) are accepted and ignored; `cache_prompt` is always on."""
+    (t_max_prompt_ms, id_slot, lora, ...) are accepted and ignored. `cache_prompt: false` turns off
+    the shifted KV reuse (its prompt is computed exactly; the exact prefix cache stays on)."""
     model_config = ConfigDict(title="InfillIn")
     input_prefix: str = ""
     input_suffix: str = ""

@@ -49,8 +49,10 @@ class InferenceClient(Protocol):
 
     def complete_stream(self, prompt: str, *, max_tokens: int, temperature: float, top_p: float,
                         stop: list[str], seed: int | None = None, request_id: str | None = None,
-                        top_k: int = -1) -> Iterator[str]:
-        """A raw completion of `prompt` (code completion), as text pieces."""
+                        top_k: int = -1, cache_reuse: int = 0) -> Iterator[str]:
+        """A raw completion of `prompt` (code completion), as text pieces. `cache_reuse` > 0: the
+        engine may take KV of a moved run of at least that many tokens from a recent request
+        (SamplingParams.cache_reuse)."""
 
     def abort(self, request_id: str) -> None:
         """Stop a running complete_stream now (its KV blocks are freed at once)."""
@@ -146,10 +148,10 @@ class InProcessClient:
                 stream.abort()              # the caller stopped reading: free the KV blocks now
 
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
-                        request_id=None, top_k=-1) -> Iterator[str]:
+                        request_id=None, top_k=-1, cache_reuse=0) -> Iterator[str]:
         from inference.sampling_params import SamplingParams
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop or None,
-                                seed=seed, top_k=top_k)
+                                seed=seed, top_k=top_k, cache_reuse=cache_reuse)
         try:
             stream = self.engine.add_request(prompt, params, request_id)
         except ValueError as exc:
@@ -253,9 +255,10 @@ class HttpClient:
                     yield text
 
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
-                        request_id=None, top_k=-1) -> Iterator[str]:
+                        request_id=None, top_k=-1, cache_reuse=0) -> Iterator[str]:
         body = {"model": self._served_model(), "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                 "top_p": top_p, "top_k": top_k if top_k > 0 else None, "stop": stop or None, "seed": seed,
+                "cache_reuse": cache_reuse or None,
                 "stream": True,
                 "stream_options": {"include_usage": True}}
         usage = (0, 0, 0)

@@ -20,6 +20,11 @@ recorded here and run by the model runner before the step's forward. Hashed bloc
 copied down ahead of time, a few per launched step, freed ones first (write-behind), so that their
 eviction later costs no copy on the step that needs the block.
 
+Shifted reuse (optional, `enable_kv_reuse`): requests that ask for it leave donors when they
+release their blocks, and a later one may copy KV from them (inference/core/kv_reuse.py). Each
+block's generation counts the times it was handed out for new data, which tells a donor's blocks
+still hold its KV.
+
 This class never sees tensors; the model runner owns the memory the block ids index.
 """
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from inference.core.kv_reuse import MAX_DONORS, Donor, ReusePlan, plan_reuse, with_slots
 from inference.core.kv_tiers import KVTierIndex, KVTierStats, KVTransfer, TransferOp
 from inference.core.request import Request
 
@@ -36,6 +42,7 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: bytes | None = None
+    generation: int = 0        # times handed out for new data (a donor checks its blocks by it)
 
 
 @dataclass
@@ -66,6 +73,10 @@ class BlockManager:
         self.req_num_cached: dict[str, int] = {}           # req_id -> blocks registered in the cache
         self.prefix_stats = PrefixCacheStats()
         self.tiers = tiers if enable_prefix_caching else None     # host / disk tiers below this pool
+        self.enable_kv_reuse = False        # the engine turns it on where the runner can shift KV
+        self.donors: OrderedDict[int, Donor] = OrderedDict()      # most recent last
+        self._num_donors = 0
+        self.reused_tokens = 0              # prompt tokens served by shifted reuse (a counter)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -218,6 +229,11 @@ class BlockManager:
         """
         table = self.req_to_blocks.pop(request.request_id, [])
         self.req_num_cached.pop(request.request_id, None)
+        donor = self.enable_kv_reuse and request.sampling_params.cache_reuse > 0 and table
+        if donor:
+            valid = min(request.num_tokens, request.num_computed_tokens if num_valid_tokens is None
+                        else num_valid_tokens)
+            self._keep_donor(request.all_token_ids[:valid], table)
         if num_valid_tokens is not None:
             for block_id in table[num_valid_tokens // self.block_size:]:
                 block = self.blocks[block_id]
@@ -232,9 +248,55 @@ class BlockManager:
             if block.ref_cnt == 0:
                 self.free_queue[block_id] = None
                 if block.block_hash is None:
-                    self.free_queue.move_to_end(block_id, last=False)   # worthless: reuse first
+                    if not donor:                   # worthless: reuse first
+                        self.free_queue.move_to_end(block_id, last=False)
                 elif self.tiers is not None:
                     self.tiers.on_device_free(block.block_hash, block_id)
+
+    # ---- shifted reuse (inference/core/kv_reuse.py) -----------------------------------------------
+    def _keep_donor(self, tokens: list[int], table: list[int]) -> None:
+        if len(tokens) < 2:
+            return
+        blocks = table[:self.num_blocks_for(len(tokens))]
+        self.donors[self._num_donors] = Donor(tokens, blocks, [self.blocks[b].generation for b in blocks])
+        self._num_donors += 1
+        while len(self.donors) > MAX_DONORS:
+            self.donors.popitem(last=False)
+
+    def plan_reuse(self, request: Request, num_hit: int) -> tuple[ReusePlan, Donor] | None:
+        """A reuse plan for a request being admitted after a prefix hit of `num_hit` tokens."""
+        if not (self.enable_kv_reuse and self.donors and request.sampling_params.cache_reuse > 0):
+            return None
+        return plan_reuse(request.prompt_token_ids, num_hit, request.sampling_params.cache_reuse,
+                          list(reversed(self.donors.values())), self.block_size,
+                          lambda block_id: self.blocks[block_id].generation)
+
+    def allocate_with_reuse(self, request: Request, plan: ReusePlan, donor: Donor, num_new_tokens: int,
+                            new_computed_blocks: list[int]) -> bool:
+        """`allocate_slots` for an admission that copies `plan`'s KV: the donor blocks it reads
+        are held while the request's blocks are taken, so none of them is handed out under it
+        (the copies run before the step's forward, so later takers cannot overwrite them first).
+        Fills in the plan's slots. False, changing nothing, when the blocks are not there."""
+        bs = self.block_size
+        run_src = range(plan.run_src, plan.run_src + plan.run_end - plan.run_start)
+        src = sorted({donor.blocks[p // bs] for p in (*range(plan.base, plan.lead_end), *run_src)})
+        for block_id in src:
+            self._touch(block_id)
+        try:
+            request.num_exact_tokens = plan.base
+            ok = self.allocate_slots(request, num_new_tokens, new_computed_blocks)
+        finally:
+            for block_id in src:
+                block = self.blocks[block_id]
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0:
+                    self.free_queue[block_id] = None
+        if not ok:
+            request.num_exact_tokens = None
+            return False
+        with_slots(plan, donor, request.request_id, self.req_to_blocks[request.request_id], bs)
+        self.reused_tokens += plan.num_reused
+        return True
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after weights change). Live blocks stay allocated."""
@@ -292,10 +354,12 @@ class BlockManager:
                     self.tiers.on_device_evict(block.block_hash, block_id)
             block.block_hash = None
         block.ref_cnt = 1
+        block.generation += 1
         return block_id
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
-        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        exact = request.num_tokens if request.num_exact_tokens is None else request.num_exact_tokens
+        num_full = min(num_tokens, request.num_tokens, exact) // self.block_size
         start = self.req_num_cached.get(request.request_id, 0)
         if num_full <= start:
             return

@@ -59,6 +59,8 @@ class LLMEngine:
         self.runner = runner
         self.block_manager = BlockManager(self.runner.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching, tier_index_for(self.runner))
+        self.block_manager.enable_kv_reuse = (config.cache.enable_prefix_caching
+                                              and getattr(self.runner, "supports_kv_shift", False))
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.max_model_len)
         eos = self.tokenizer.eos_token_id
         self.eos_token_id = eos if eos is not None else (self.arch.eos_token_ids or [None])[0]

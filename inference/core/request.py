@@ -67,6 +67,12 @@ class Request:
     # structured outputs: the compiled grammar (inference/structured), opaque to the scheduler; the
     # model runner keeps each sequence's position in it
     grammar: Any = None
+    # shifted KV reuse (inference/core/kv_reuse.py): only blocks before this many tokens hold exact
+    # KV and may join the prefix cache (None: all); and a run whose KV the admitting step copies:
+    # once computed reaches its start, computing resumes at its end (start, end)
+    num_exact_tokens: int | None = None
+    reuse_jump: tuple[int, int] | None = None
+    reuse_base: int = 0               # computed before the admitting step copied anything
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -92,6 +92,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens + request.num_placeholders - request.num_computed_tokens, budget)
+            if request.reuse_jump is not None:     # compute up to the reused run; its KV is copied
+                num_new = min(num_new, request.reuse_jump[0] - request.num_computed_tokens)
             if num_new <= 0 or self._ends_with_placeholders(request):
                 i += 1                  # nothing to compute, or it finishes with a token in flight
                 continue
@@ -118,22 +120,32 @@ class Scheduler:
                 # (a step with nothing else always takes it: loads recorded by a step that
                 # launched nothing still count, and must not hold every later step back)
             hit_blocks, num_hit = bm.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit
+            first = request.num_cached_tokens < 0
+            reuse = bm.plan_reuse(request, num_hit) if first else None
+            start, jump = self._reuse_start(reuse[0]) if reuse is not None else (num_hit, None)
+            num_new = (jump[0] if jump else request.num_tokens) - start
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
-            if not bm.allocate_slots(request, num_new, hit_blocks):
+            if reuse is not None and not bm.allocate_with_reuse(
+                    request, *reuse, max(start + num_new, reuse[0].run_end) - num_hit, hit_blocks):
+                reuse, start, jump = None, num_hit, None         # no room for it: try without
+                num_new = min(request.num_tokens - num_hit, budget)
+            if reuse is None and not bm.allocate_slots(request, num_new, hit_blocks):
                 break
             self.waiting.popleft()
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit
+            if first:
+                request.num_cached_tokens = num_hit + (reuse[0].num_reused if reuse else 0)
                 bm.prefix_stats.record(request.num_tokens, num_hit)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
-            request.num_computed_tokens = num_hit
+            request.num_computed_tokens = start
+            request.reuse_jump, request.reuse_base = jump, num_hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._schedule(out, request, num_new)
+            if reuse is not None:
+                out.kv_shifts.extend(reuse[0].shifts)
             budget -= num_new
         if out.scheduled:                       # an empty step is not launched: copies wait for one
             out.kv_transfers = bm.take_kv_transfers()
@@ -176,10 +188,14 @@ class Scheduler:
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo the scheduling of a step that failed (its KV was never written), so that freeing
         its requests forgets the prefix-cache hashes of their unwritten blocks."""
+        shifted = {s.req_id for s in out.kv_shifts}
         for item in out.scheduled:
             request = item.request
             if request.status == RequestStatus.RUNNING:
-                request.num_computed_tokens = min(request.num_computed_tokens, item.num_computed_tokens)
+                floor = item.num_computed_tokens
+                if request.request_id in shifted:          # its copies may not have run either
+                    floor, request.reuse_jump, request.num_exact_tokens = request.reuse_base, None, None
+                request.num_computed_tokens = min(request.num_computed_tokens, floor)
                 request.num_placeholders = 0
         self.block_manager.forget_kv_transfers(out.kv_transfers)
 
@@ -215,6 +231,19 @@ class Scheduler:
         out.total_num_scheduled_tokens += num_new
         request.num_computed_tokens = computed + num_new
         request.num_placeholders += needs_sample
+        jump = request.reuse_jump
+        if jump is not None and request.num_computed_tokens == jump[0]:
+            request.num_computed_tokens, request.reuse_jump = jump[1], None
+
+    @staticmethod
+    def _reuse_start(plan) -> tuple[int, tuple[int, int] | None]:
+        """Where an admission with a reuse plan starts computing, and the run it jumps later: the
+        lead is copied, so computing starts after it; a run right there is skipped too."""
+        if plan.run_end == plan.run_start:
+            return plan.lead_end, None
+        if plan.run_start == plan.lead_end:
+            return plan.run_end, None
+        return plan.lead_end, (plan.run_start, plan.run_end)
 
     def _ends_with_placeholders(self, request: Request) -> bool:
         """Its tokens in flight take it to max_tokens or the model's length: nothing to schedule."""
@@ -243,6 +272,7 @@ class Scheduler:
         self.block_manager.free(request, num_valid_tokens=request.num_computed_tokens)
         request.status = RequestStatus.PREEMPTED
         request.spec_token_ids = []
+        request.reuse_jump, request.num_exact_tokens = None, None    # recomputed in full, exactly
         request.num_computed_tokens = 0
         request.num_placeholders = 0          # a token in flight is still appended when it arrives
         request.num_preemptions += 1

@@ -55,7 +55,8 @@ def _sampling(req: GenerationRequest, max_tokens: int | None, logprobs: int | No
             min_tokens=given(req.min_tokens, 0), stop=req.stop, stop_token_ids=req.stop_token_ids,
             ignore_eos=given(req.ignore_eos, False), logprobs=logprobs,
             skip_special_tokens=given(req.skip_special_tokens, True),
-            include_stop_str_in_output=given(req.include_stop_str_in_output, False), structured_outputs=structured)
+            include_stop_str_in_output=given(req.include_stop_str_in_output, False), structured_outputs=structured,
+            cache_reuse=given(req.cache_reuse, 0))
     except ValueError as exc:                      # what only SamplingParams knows (seed + n, min_tokens <= max)
         raise OpenAIError(400, str(exc), str(exc).split(":", 1)[0]) from None
 

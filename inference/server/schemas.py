@@ -77,6 +77,10 @@ class GenerationRequest(_Request):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     priority: int | None = Field(None, description="lower runs first (vLLM's priority scheduling)")
+    cache_reuse: Annotated[int | None, Field(ge=0, description="llama.cpp's --cache-reuse, per request: take the "
+                                                               "KV of a moved run of at least this many prompt "
+                                                               "tokens from a recent request (0: off)"),
+                           Errors(range="cache_reuse: must be an integer >= 0, got {input!r}")] = None
     response_format: ResponseFormat | None = None
     structured_outputs: Annotated[StructuredOutputsIn | None,
                                   Field(description="vLLM's: exactly one of json, json_object, regex, choice, "

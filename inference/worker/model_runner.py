@@ -23,7 +23,9 @@ from inference.models.attention import (
     bottom_right_causal_mask,
 )
 from inference.models.invariant_attention import padded_keys
+from inference.models.llama import rope_inv_freq
 from inference.spec_decode.rejection import verify_greedy, verify_sampled
+from inference.worker.kv_shift import apply_kv_shifts, supports_kv_shift
 from inference.worker.kv_sizing import kv_cache_dtype, kv_cache_shape
 from inference.worker.sampler import SamplerOutput, SamplingRow, resolve, sample
 
@@ -65,6 +67,9 @@ class ModelRunner(Runner):
         self._kv_maps: list[mmap.mmap] = []       # CPU: the anonymous maps the caches live in
         self.kv_caches = [(self._zeroed(shape, cache_dtype), self._zeroed(shape, cache_dtype))
                           for _ in range(self.arch.num_hidden_layers)]
+        # shifted KV reuse (inference/core/kv_reuse.py): keys move by one more RoPE rotation
+        self.supports_kv_shift = supports_kv_shift(self.kv_caches[0][0], self.arch.head_dim)
+        self._inv_freq = rope_inv_freq(self.arch)
         self.generators: dict[str, torch.Generator] = {}     # req_id -> its seeded generator
         self.rows: dict[str, tuple[Request, SamplingRow]] = {}   # req_id -> (request, its sampling row)
         self.default_generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -92,6 +97,8 @@ class ModelRunner(Runner):
     def launch(self, sched: SchedulerOutput, prev: StepHandle | None = None) -> StepHandle:
         """Start a step. `prev`: the step before it when that one is not collected yet (async
         scheduling); a decode whose input token it sampled takes the token from it."""
+        if sched.kv_shifts:           # first: a tier load this step may refill a donor's block
+            apply_kv_shifts(self.kv_caches, sched.kv_shifts, self._inv_freq)
         self.apply_kv_transfers(sched)
         t0 = time.perf_counter()
         handle = self._launch(sched, prev)

@@ -52,6 +52,25 @@ def test_typing_on_reuses_the_prompt_and_says_so(web):
     assert out["timings"]["prompt_n"] == out["tokens_evaluated"] - out["tokens_cached"]
 
 
+def test_typing_on_a_line_takes_the_moved_suffix_from_the_last_request(qwen_client, tmp_path):
+    """Shifted reuse on the default model: the code after the cursor moves when a line above it
+    changes, and the next request takes its KV instead of computing it (llama.cpp's
+    --cache-reuse); `cache_prompt: false` computes the prompt exactly."""
+    web = create_app({"KB_CACHE_DIR": str(tmp_path / "kb"), "REDIS_URL": None}, client=qwen_client).test_client()
+    suffix = "\n" + "".join(f"def check_{i}(values):\n    return [v * {i} for v in values if v]\n\n"
+                            for i in range(8))
+    body = {**LLAMA_VSCODE, "input_prefix": "import math\n\n\ndef norm(xs):\n", "input_suffix": suffix,
+            "input_extra": [], "prompt": "    total = ", "n_predict": 8}
+    web.post("/infill", json=body, headers=AUTH)
+    out = web.post("/infill", json={**body, "prompt": "    total = sum("}, headers=AUTH).get_json()
+    assert out["tokens_evaluated"] > 60
+    assert out["timings"]["prompt_n"] <= 12, out          # the new tokens and the FIM middle marker
+    assert out["content"].strip()
+    exact = web.post("/infill", json={**body, "prompt": "    total = math.", "cache_prompt": False},
+                     headers=AUTH).get_json()
+    assert exact["timings"]["prompt_n"] > 40              # past the prefix-cache hit, the suffix again
+
+
 def test_warm_up_request_and_stream(web):
     warm = web.post("/infill", json={"input_extra": [{"filename": "a.py", "text": "x = 1\n"}], "n_predict": 0,
                                      "samplers": [], "t_max_predict_ms": 1}, headers=AUTH)
