@@ -129,3 +129,22 @@ def redis_server():
             time.sleep(0.05)
     yield "redis://127.0.0.1:6379"
     proc.terminate()
+
+
+# `make test` runs the suite on two xdist workers (--dist loadgroup). Tests that share the machine's
+# services by fixed name (Redis databases 11-15, the Celery broker, the PostgreSQL server a test
+# stops), start real deployments, or time a server's shutdown go in one group: one worker runs them
+# in turn, while the other takes the self-contained tests.
+SHARED_SERVICES = ("e2e/", "app/test_agent_auth.py", "app/test_chat_api.py", "app/test_completion_api.py",
+                   "app/test_jobs.py", "app/test_kb_reindex.py", "app/test_live_events.py",
+                   "app/test_rate_limits.py", "app/test_redis_restart.py", "app/test_worker.py",
+                   "app/test_database_outage.py", "pipelines/test_completion.py", "pipelines/test_resilience.py",
+                   "httpkit/test_graceful_shutdown.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        rel = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        if rel.startswith(SHARED_SERVICES):
+            item.add_marker(pytest.mark.xdist_group("shared-services"))

@@ -4,10 +4,11 @@ errors, the process' memory stays flat and every KV block is free at the end.
 The web app (chat + completion) and its in-process engine are served by waitress on 127.0.0.1;
 a scheduler issues requests at a fixed rate (open loop: a slow answer does not slow the rate)
 from a thread pool: 70% chat turns (a new session every 5 turns), 30% IDE completions.
-Resident memory is sampled every 2 s (the KV cache pool is made resident first); "flat" means the median of the last third of the samples
-is within --rss-growth-mb of the median of the first third (after a warm-up). Latency percentiles
-cover the same steady window; requests sent during the warm-up (the first ones wait for the engine,
-the embedder and the knowledge-base index to load) are reported apart as warmup_p99_s.
+Resident memory is sampled every 2 s (the KV cache pool is made resident first); "flat" means
+the median of the last third of the samples is within --rss-growth-mb of the median of the first
+third (after a warm-up). Latency percentiles cover the same steady window; requests sent during
+the warm-up (the first ones wait for the engine, the embedder and the knowledge-base index to
+load) are reported apart as warmup_p99_s.
 
     python -m bench.cpu.soak                      # 10 minutes at 4 req/s on SmolLM2
     python -m bench.cpu.soak --duration 30 --warmup 35 --model random:tiny --rate 4   # ~1 minute (CI)

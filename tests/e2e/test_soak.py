@@ -1,10 +1,10 @@
 """The CI-sized soak (bench/cpu/soak.py): 35 s of warm-up (the engine, the embedder and the
-knowledge-base index load while the first requests wait; 15 s was not enough on a 2-vCPU VM), then
-30 s of steady chat + completion load on loopback with the tiny model; no errors, every KV block free, no unfinished request at the end, and
-resident memory flat within 32 MB between the first and last third of the samples. Before the
-packed linears padded their row counts (inference/models/cpu_packing.py) this run grew ~100 MB,
-one oneDNN primitive per new step size; with them it grows a few MB (the 10-minute run is in
-bench/results/soak.json).
+knowledge-base index load while the first requests wait; 15 s was not enough on a 2-vCPU VM),
+then 30 s of steady chat + completion load on loopback with the tiny model; no errors, every KV
+block free, no unfinished request at the end, and resident memory flat within 32 MB between the
+first and last third of the samples. Before the packed linears padded their row counts
+(inference/models/cpu_packing.py) this run grew ~100 MB, one oneDNN primitive per new step size;
+with them it grows a few MB (the 10-minute run is in bench/results/soak.json).
 
 It runs in a fresh interpreter, as `python -m bench.cpu.soak` does: inside the test process the
 resident set would also carry whatever earlier tests left behind (their servers' threads, their
