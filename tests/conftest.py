@@ -131,10 +131,11 @@ def redis_server():
     proc.terminate()
 
 
-# `make test` runs the suite on two xdist workers (--dist loadgroup). Tests that share the machine's
-# services by fixed name (Redis databases 11-15, the Celery broker, the PostgreSQL server a test
-# stops), start real deployments, or time a server's shutdown go in one group: one worker runs them
-# in turn, while the other takes the self-contained tests.
+# `make test` runs the suite on two xdist workers (--dist loadgroup). Each file is a group, so its
+# module fixtures are built once and tests that count on earlier ones in the file (test_openapi's
+# case counts) see them. Tests that share the machine's services by fixed name (Redis databases
+# 11-15, the Celery broker, the PostgreSQL server a test stops), start real deployments, or time a
+# server's shutdown form one group: one worker runs them in turn, the other takes other files.
 SHARED_SERVICES = ("e2e/", "app/test_agent_auth.py", "app/test_chat_api.py", "app/test_completion_api.py",
                    "app/test_jobs.py", "app/test_kb_reindex.py", "app/test_live_events.py",
                    "app/test_rate_limits.py", "app/test_redis_restart.py", "app/test_worker.py",
@@ -146,5 +147,4 @@ def pytest_collection_modifyitems(config, items):
     root = os.path.dirname(os.path.abspath(__file__))
     for item in items:
         rel = os.path.relpath(str(item.path), root).replace(os.sep, "/")
-        if rel.startswith(SHARED_SERVICES):
-            item.add_marker(pytest.mark.xdist_group("shared-services"))
+        item.add_marker(pytest.mark.xdist_group("shared-services" if rel.startswith(SHARED_SERVICES) else rel))
