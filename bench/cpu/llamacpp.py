@@ -85,12 +85,12 @@ class LlamaServer:
     """`llama-server` on 127.0.0.1:port serving one GGUF file through its OpenAI API."""
 
     def __init__(self, gguf: Path, port: int, threads: int = 2, parallel: int = 16, ctx: int = 16 * 2048,
-                 alias: str = "smollm2", level: str = "avx512_vnni"):
+                 alias: str = "smollm2", level: str = "avx512_vnni", extra: tuple[str, ...] = ()):
         self.level = level
         self.url = f"http://127.0.0.1:{port}"
         self.cmd = [str(binary("llama-server", level)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                     "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(ctx),
-                    "--no-webui", "-a", alias]
+                    "--no-webui", "-a", alias, *extra]
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:

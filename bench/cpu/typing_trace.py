@@ -95,7 +95,9 @@ def ours(model: str, bodies: list[dict], **settings: str) -> dict:
 def llamacpp(model: str, bodies: list[dict]) -> dict:
     from bench.cpu.llamacpp import LlamaServer
     from inference.loader.model_loader import gguf_source
-    with LlamaServer(gguf_source(model), free_port(), parallel=1, ctx=8192, alias=model) as server:
+    # --cache-reuse 256: what llama.vscode's README starts llama-server with (its FIM presets)
+    with LlamaServer(gguf_source(model), free_port(), parallel=1, ctx=8192, alias=model,
+                     extra=("--cache-reuse", "256")) as server:
         return replay(server.url, bodies)
 
 
@@ -105,13 +107,16 @@ def main(argv=None) -> int:
     ap.add_argument("--lines", type=int, default=40, help="completions per file (three files)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-exact", action="store_true", help="skip the row without shifted KV reuse")
+    ap.add_argument("--set", action="append", default=[], metavar="VAR=VALUE",
+                    help="a setting for our server's environment (both rows), e.g. COMPLETION_SUFFIX_TOKENS=256")
     ap.add_argument("--label", default="", help="a note on the variant measured (kept in the JSON)")
     ap.add_argument("--out", default=result_path("typing_trace.json"))
     args = ap.parse_args(argv)
     bodies = trace(args.lines)
-    rows = {"ours /infill (web app)": ours(args.model, bodies)}
+    settings = dict(kv.split("=", 1) for kv in args.set)
+    rows = {"ours /infill (web app)": ours(args.model, bodies, **settings)}
     if not args.no_exact:           # the same server computing every prompt exactly (no shifted reuse)
-        rows["ours, cache_reuse off"] = ours(args.model, bodies, COMPLETION_CACHE_REUSE="0")
+        rows["ours, cache_reuse off"] = ours(args.model, bodies, **{**settings, "COMPLETION_CACHE_REUSE": "0"})
     if not args.no_llamacpp:
         rows["llama.cpp /infill"] = llamacpp(args.model, bodies)
     print(f"\nTyping trace: {len(bodies)} single-line completions over 3 files, {args.model}, "
@@ -121,7 +126,7 @@ def main(argv=None) -> int:
         print(f"{name:26} {r['p50_ms']:8.0f} {r['p90_ms']:8.0f} {r['mean_ms']:8.0f} {r['empty']:6d} "
               f"{r['exact']:6.2f} {r['mean_chars']:6.1f}")
     result = {"model": args.model, "requests": len(bodies), "settings": SETTINGS, "rows": rows, "label": args.label,
-              "env": {k: v for k, v in os.environ.items() if k.startswith("COMPLETION_")}}
+              "env": {**{k: v for k, v in os.environ.items() if k.startswith("COMPLETION_")}, **settings}}
     if "llama.cpp /infill" in rows:
         ratio = rows["llama.cpp /infill"]["p50_ms"] / rows["ours /infill (web app)"]["p50_ms"]
         result["p50_speedup_vs_llamacpp"] = ratio
