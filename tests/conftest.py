@@ -32,9 +32,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("CHAT_BUILD_WAIT_S", "300")
 # Apps built by tests keep their conversations in one SQLite file of this run, not in the
 # checkout's instance folder (tests of the store itself give each test its own database).
-if "DATABASE_URL" not in os.environ:
+# Each xdist worker gets its own (a worker inherits the controller's environment, file included).
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+if "DATABASE_URL" not in os.environ or os.environ.get("TESTS_DATABASE_OF", _worker) != _worker:
     import tempfile
     os.environ["DATABASE_URL"] = f"sqlite:///{tempfile.mkdtemp(prefix='conversations-')}/conversations.db"
+    os.environ["TESTS_DATABASE_OF"] = _worker
 os.environ.setdefault("SECRET_KEY", "tests-only-secret-key")     # else each app writes instance/secret_key
 for _var in ("RATE_LIMIT_PER_IP", "RATE_LIMIT_PER_SITE_KEY", "RATE_LIMIT_PER_API_KEY"):
     os.environ.setdefault(_var, "100000 per second")

@@ -33,7 +33,10 @@ def web_app(tiny_client, tmp_path_factory):
                       "SSE_MAX_S": 0.05,                  # live-event streams end at once: one case each
                       "AGENT_LOGIN_LIMIT": "100000 per minute"},
                      client=tiny_client)
-    AgentAccounts(app.extensions["db"]).add("demo", "fuzz@northwind.test", AGENT_PASSWORD, name="Fuzz")
+    # the database outlives the module: an xdist worker may build this fixture again for later cases
+    accounts = AgentAccounts(app.extensions["db"])
+    if not any(a.email == "fuzz@northwind.test" for a in accounts.list("demo")):
+        accounts.add("demo", "fuzz@northwind.test", AGENT_PASSWORD, name="Fuzz")
     return app
 
 

@@ -15,7 +15,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.alone            # another test's load would stretch the warm-up past its 35 s
 def test_one_minute_soak(tmp_path):
     out = tmp_path / "soak.json"
     proc = subprocess.run([sys.executable, "-m", "bench.cpu.soak", "--model", "random:tiny", "--duration", "30",
