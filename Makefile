@@ -68,7 +68,7 @@ ide-clients:
 test: $(STAMP) browser ops-tools ide-clients lint
 	$(PY) -c "from inference.loader.model_loader import gguf_source, resolve_model_dir; \
 		resolve_model_dir('smollm2'); gguf_source('qwen2.5-coder-0.5b')"
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "not alone" tests; rc=$$?; \
+	$(PY) -m pytest -q -n 2 --dist loadscope --durations=15 -m "not alone" tests; rc=$$?; \
 		$(PY) -m pytest -q -m alone tests || rc=1; exit $$rc
 
 # ruff's rules and import-linter's layer contracts are in pyproject.toml

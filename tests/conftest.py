@@ -134,11 +134,13 @@ def redis_server():
     proc.terminate()
 
 
-# `make test` runs the suite on two xdist workers (--dist loadgroup). Each file is a group, so its
-# module fixtures are built once and tests that count on earlier ones in the file (test_openapi's
-# case counts) see them. Tests that share the machine's services by fixed name (Redis databases
-# 11-15, the Celery broker, the PostgreSQL server a test stops), start real deployments, or time a
-# server's shutdown form one group: one worker runs them in turn, the other takes other files.
+# `make test` runs the suite on two xdist workers (--dist loadscope, with the scopes below). Each file
+# is a scope, so its module fixtures are built once and tests that count on earlier ones in the file
+# (test_openapi's case counts) see them. Tests that share the machine's services by fixed name (Redis
+# databases 11-15, the Celery broker, the PostgreSQL server a test stops), start real deployments, or
+# time a server's shutdown form one scope: one worker runs them in turn, the other takes other files.
+# (xdist's own `xdist_group` marks do not reach its scheduler under pytest 9: it renames node ids
+# through an attribute pytest 9 no longer reads.)
 SHARED_SERVICES = ("e2e/", "app/test_agent_auth.py", "app/test_chat_api.py", "app/test_completion_api.py",
                    "app/test_jobs.py", "app/test_kb_reindex.py", "app/test_live_events.py",
                    "app/test_rate_limits.py", "app/test_redis_restart.py", "app/test_worker.py",
@@ -146,8 +148,19 @@ SHARED_SERVICES = ("e2e/", "app/test_agent_auth.py", "app/test_chat_api.py", "ap
                    "httpkit/test_graceful_shutdown.py")
 
 
-def pytest_collection_modifyitems(config, items):
-    root = os.path.dirname(os.path.abspath(__file__))
-    for item in items:
-        rel = os.path.relpath(str(item.path), root).replace(os.sep, "/")
-        item.add_marker(pytest.mark.xdist_group("shared-services" if rel.startswith(SHARED_SERVICES) else rel))
+def test_scope(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or "shared-services"."""
+    path = nodeid.split("::", 1)[0]
+    rel = path.removeprefix("tests/")
+    return "shared-services" if rel.startswith(SHARED_SERVICES) else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrSharedServices(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_scope(nodeid)
+    return FileOrSharedServices(config, log)
