@@ -134,7 +134,8 @@ def redis_server():
     proc.terminate()
 
 
-# `make test` runs the suite on two xdist workers (--dist loadscope, with the scopes below). Each file
+# Parallel runs (`pytest -n 2 --dist loadscope -m "not alone"`; `make test` runs serially, since the
+# fault scenarios' recovery bounds stretch beside another worker) use the scopes below. Each file
 # is a scope, so its module fixtures are built once and tests that count on earlier ones in the file
 # (test_openapi's case counts) see them. Tests that share the machine's services by fixed name (Redis
 # databases 11-15, the Celery broker, the PostgreSQL server a test stops), start real deployments, or
