@@ -143,12 +143,8 @@ class BlockManager:
             hit[i] = block_id
         tiers.unpin()
         for block_id in reversed(hit):       # as free() does: the tail is evicted first
-            if block_id is None:
-                continue
-            block = self.blocks[block_id]
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue[block_id] = None
+            if block_id is not None:
+                self._untouch(block_id)
         return hit[:num_hit]
 
     def can_load_now(self, request: Request) -> bool:
@@ -287,10 +283,7 @@ class BlockManager:
             ok = self.allocate_slots(request, num_new_tokens, new_computed_blocks)
         finally:
             for block_id in src:
-                block = self.blocks[block_id]
-                block.ref_cnt -= 1
-                if block.ref_cnt == 0:
-                    self.free_queue[block_id] = None
+                self._untouch(block_id)
         if not ok:
             request.num_exact_tokens = None
             return False
@@ -343,6 +336,13 @@ class BlockManager:
         if block.ref_cnt == 0:
             del self.free_queue[block_id]
         block.ref_cnt += 1
+
+    def _untouch(self, block_id: int) -> None:
+        """Undo a `_touch`: at count zero the block goes back to the free queue (MRU end)."""
+        block = self.blocks[block_id]
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self.free_queue[block_id] = None
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)

@@ -18,10 +18,14 @@ def supports_kv_shift(k_cache: torch.Tensor, head_dim: int) -> bool:
     return k_cache.dtype in (torch.bfloat16, torch.float16, torch.float32) and k_cache.shape[-1] == head_dim
 
 
-def rotate(keys: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
-    """keys [T, H, D] (any float dtype) rotated by `delta` more positions, in fp32."""
+def rotation(delta: int, inv_freq: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [D/2] of moving a key by `delta` positions (fp32, angles in fp64)."""
     angle = delta * inv_freq.to(torch.float64)
-    cos, sin = angle.cos().float().to(keys.device), angle.sin().float().to(keys.device)
+    return angle.cos().float().to(device), angle.sin().float().to(device)
+
+
+def rotate(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """keys [T, H, D] (any float dtype) rotated by a `rotation`, in fp32."""
     k = keys.float()
     half = k.shape[-1] // 2
     x1, x2 = k[..., :half], k[..., half:]
@@ -38,10 +42,11 @@ def apply_kv_shifts(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], shifts: 
     for shift in shifts:
         src = torch.tensor(shift.src_slots, dtype=torch.long, device=device)
         dst = torch.tensor(shift.dst_slots, dtype=torch.long, device=device)
+        cos_sin = rotation(shift.delta, inv_freq, device) if shift.delta else None     # once, not per layer
         for k, v in kv_caches:
             keys, values = k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
             moved = keys.index_select(0, src)
-            if shift.delta:
-                moved = rotate(moved, shift.delta, inv_freq).to(k.dtype)
+            if cos_sin is not None:
+                moved = rotate(moved, *cos_sin).to(k.dtype)
             keys.index_copy_(0, dst, moved)
             values.index_copy_(0, dst, values.index_select(0, src))
