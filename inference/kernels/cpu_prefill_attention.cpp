@@ -1,4 +1,5 @@
-// Prefill attention over the paged bf16 KV cache on the CPU (built into cpu_ops by cpu_ops.py).
+// Prefill attention over the paged bf16 KV cache on the CPU (built into cpu_ops by cpu_ops.py), with
+// AVX-512 or AVX2 + FMA vectors; both levels (and the scalar code of other builds) give the same bits.
 //
 // A chunk's query rows attend causally to the context's keys, read from the cache's blocks in
 // place (no gather). Work is split into tasks of (KV head, up to ROWS query rows): per key block the
@@ -24,6 +25,10 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#define PREFILL_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define PREFILL_AVX2 1
 #endif
 
 namespace {
@@ -51,6 +56,28 @@ inline __m512 exp_nonpositive(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~tiny), p, n);
 }
+#elif defined(PREFILL_AVX2)
+// The same e^x, 8 lanes. n >= -126 (x >= -87), so 2^n is a normal float built from its exponent
+// bits, and p * 2^n is one rounding of the exact product, as VSCALEFPS gives.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.f);
+  const __m256 tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256 two_n = _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, two_n));
+}
 #endif
 
 // The same e^x, one lane (the fallback of builds without AVX-512 gives the same bits).
@@ -72,7 +99,7 @@ inline void attend_block(const float* q, const float* kt, const float* vf, int64
                          float& l, float* acc) {
   if (D > 0) d = D;
   alignas(64) float s[KEYS];
-#if defined(__AVX512F__)
+#if defined(PREFILL_AVX512)
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
   for (int64_t i = 0; i < d; i += 4) {        // four chains over the dimensions, summed in a fixed order
     s0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_load_ps(kt + i * KEYS), s0);
@@ -103,6 +130,43 @@ inline void attend_block(const float* q, const float* kt, const float* vf, int64
       __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + c), av);
       for (int64_t j = 0; j < valid; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_load_ps(vf + j * d + c), a);
       _mm512_storeu_ps(acc + c, a);
+    }
+  }
+#elif defined(PREFILL_AVX2)
+  // the AVX-512 arithmetic on two 8-lane halves: the same operations per lane, the same bits
+  __m256 t[4][2];
+  for (auto& c : t) c[0] = c[1] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < d; i += 4)
+    for (int c = 0; c < 4; ++c) {
+      const __m256 qv = _mm256_set1_ps(q[i + c]);
+      t[c][0] = _mm256_fmadd_ps(qv, _mm256_load_ps(kt + (i + c) * KEYS), t[c][0]);
+      t[c][1] = _mm256_fmadd_ps(qv, _mm256_load_ps(kt + (i + c) * KEYS + 8), t[c][1]);
+    }
+  _mm256_store_ps(s, _mm256_add_ps(_mm256_add_ps(t[0][0], t[1][0]), _mm256_add_ps(t[2][0], t[3][0])));
+  _mm256_store_ps(s + 8, _mm256_add_ps(_mm256_add_ps(t[0][1], t[1][1]), _mm256_add_ps(t[2][1], t[3][1])));
+  float mx = m;
+  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+  const __m256 mv = _mm256_set1_ps(mx);
+  _mm256_store_ps(s, exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(s), mv)));
+  _mm256_store_ps(s + 8, exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(s + 8), mv)));
+  for (int64_t j = valid; j < KEYS; ++j) s[j] = 0.f;
+  const float alpha = std::exp(m - mx);
+  l = std::fma(l, alpha, lanes::sum16(s));
+  m = mx;
+  const __m256 av = _mm256_set1_ps(alpha);
+  if constexpr (D > 0) {
+    __m256 a[D / 8];
+    for (int c = 0; c < D / 8; ++c) a[c] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * c), av);
+    for (int64_t j = 0; j < valid; ++j) {
+      const __m256 pj = _mm256_set1_ps(s[j]);
+      for (int c = 0; c < D / 8; ++c) a[c] = _mm256_fmadd_ps(pj, _mm256_load_ps(vf + j * D + 8 * c), a[c]);
+    }
+    for (int c = 0; c < D / 8; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+  } else {
+    for (int64_t c = 0; c < d; c += 8) {
+      __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + c), av);
+      for (int64_t j = 0; j < valid; ++j) a = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_load_ps(vf + j * d + c), a);
+      _mm256_storeu_ps(acc + c, a);
     }
   }
 #else
@@ -138,7 +202,7 @@ inline void load_block(const bf16* k, const bf16* v, int64_t stride, int64_t d, 
       for (int64_t i = 0; i < d; ++i) kt[i * KEYS + j] = vf[j * d + i] = 0.f;
       continue;
     }
-#if defined(__AVX512F__)
+#if defined(PREFILL_AVX512)
     for (int64_t i = 0; i < d; i += 16) {
       const __m512 kv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + i))), 16));
@@ -146,6 +210,15 @@ inline void load_block(const bf16* k, const bf16* v, int64_t stride, int64_t d, 
                            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)), kv, 4);
       _mm512_store_ps(vf + j * d + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vj + i))), 16)));
+    }
+#elif defined(PREFILL_AVX2)
+    alignas(32) float kv[8];
+    for (int64_t i = 0; i < d; i += 8) {
+      const __m128i kb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kj + i));
+      _mm256_store_ps(kv, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(kb), 16)));
+      for (int c = 0; c < 8; ++c) kt[(i + c) * KEYS + j] = kv[c];
+      _mm256_store_ps(vf + j * d + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(vj + i))), 16)));
     }
 #else
     for (int64_t i = 0; i < d; ++i) {
