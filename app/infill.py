@@ -8,7 +8,8 @@
 The body becomes the same CompletionRequest as Tabby's and OpenAI's (pipelines/completion.py
 `parse_infill`), so the FIM template of the model's family, repository-level context from
 input_extra, the cache, trimming and the stop rules are one code path. `n_predict: 0` (what
-llama.vscode sends to warm the server up with new context) prefills and returns "". Auth, limits
+llama.vscode sends to warm the server up with new context) prefills and returns "". A newer
+request from the same editor (API key and address) cancels the older one. Auth, limits
 and errors are the completion API's: `Authorization: Bearer <api key>`, OpenAI's error body.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from app.completion import API_ERRORS, _auth, _ext, _model_name, _openai_error, _service
 from app.completion_schemas import INFILL_STREAM, InfillOut
+from app.tenants import hash_api_key
 from httpkit.errors import OpenAIError
 from httpkit.openapi import documented
 from httpkit.validation import InvalidRequest
@@ -42,6 +44,7 @@ def infill():
         req = parse_infill(request.get_json(silent=True))
     except InvalidRequest as exc:
         raise OpenAIError.invalid(exc) from None
+    req.user = _editor()
     metrics = _ext()["metrics"]
     try:
         result = _service().complete(req)
@@ -62,6 +65,14 @@ def infill():
         yield f"data: {json.dumps({'content': body['content'], 'stop': False}, ensure_ascii=False)}\n\n"
         yield f"data: {json.dumps({**body, 'content': ''}, ensure_ascii=False)}\n\n"
     return Response(sse(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _editor() -> str:
+    """Who is typing: llama.cpp's body names neither user nor file, and an editor has one cursor, so
+    one API key from one address is one editor. Its newer request supersedes the older one (which
+    then answers "" at once and frees its KV), as the completion API does per user and file."""
+    key = request.headers.get("Authorization", "")
+    return f"infill:{hash_api_key(key)[:16]}:{request.remote_addr or ''}"
 
 
 def _body(req: CompletionRequest, result: CompletionResult) -> dict:

@@ -205,7 +205,8 @@ class CompletionService:
         rid = f"cmpl-{uuid.uuid4().hex}"
         # A newer request supersedes the user's older one for this file first, even if it is
         # then answered from the cache.
-        slot = (req.user or "", req.filepath or "") if (req.user or req.filepath) else None
+        # A warm-up (max_tokens 0: llama.vscode's context chunks) only prefills: it supersedes nothing.
+        slot = (req.user or "", req.filepath or "") if (req.user or req.filepath) and req.max_tokens > 0 else None
         event = threading.Event()
         if slot is not None:
             with self._lock:

@@ -4,6 +4,8 @@ successful response carries a Retry-After."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -116,3 +118,41 @@ def test_health_is_503_until_the_model_has_loaded(tmp_path, embedder):
         assert web.get("/v1/health").status_code == 200
     finally:
         client.close()
+
+
+def _start(web, body, **kw) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        out["body"] = web.post("/infill", json=body, headers=AUTH, **kw).get_json()
+    th = threading.Thread(target=run)
+    th.start()
+    return th, out
+
+
+def _generating(engine, timeout=10.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not engine.num_unfinished:
+        time.sleep(0.005)
+    time.sleep(0.05)
+
+
+def test_the_editors_next_request_cancels_its_last_but_a_warm_up_does_not(web, tiny_client):
+    """llama.vscode sends a request per keystroke and only shows the last: the older one from the same
+    editor (API key and address) answers "" at once. Its context warm-ups (n_predict 0) cancel
+    nothing, nor does another editor's request."""
+    service = lambda: web.application.extensions["completion"]["service"]         # noqa: E731
+    slow = {**LLAMA_VSCODE, "n_predict": 400, "samplers": ["temperature"], "temperature": 1.0, "seed": 3}
+    web.post("/infill", json={**LLAMA_VSCODE, "n_predict": 1}, headers=AUTH)         # the service exists
+    engine = tiny_client.engine
+    before = service().num_cancelled
+    th, first = _start(web, slow)
+    _generating(engine)
+    warm = web.post("/infill", json={**LLAMA_VSCODE, "n_predict": 0}, headers=AUTH)
+    other = web.post("/infill", json={**LLAMA_VSCODE, "n_predict": 2}, headers=AUTH,
+                     environ_base={"REMOTE_ADDR": "10.0.0.7"})
+    assert warm.status_code == other.status_code == 200
+    assert service().num_cancelled == before and th.is_alive()
+    web.post("/infill", json={**LLAMA_VSCODE, "prompt": "    return s", "n_predict": 2}, headers=AUTH)
+    th.join(20)
+    assert first["body"]["content"] == "" and service().num_cancelled == before + 1
