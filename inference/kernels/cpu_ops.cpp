@@ -278,7 +278,7 @@ bool gguf_matmul_available();
 std::string gguf_matmul_isa();
 torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& codes, const std::vector<torch::Tensor>& s,
                           const std::vector<torch::Tensor>& m, const std::vector<int64_t>& kinds,
-                          const c10::optional<torch::Tensor>& bias);
+                          const c10::optional<torch::Tensor>& bias, bool f32_out);
 
 namespace spin_pool {
 Pool& pool() {
@@ -302,7 +302,7 @@ struct StackLinear {
   std::vector<int64_t> kinds;
   c10::optional<torch::Tensor> bias;
 
-  torch::Tensor operator()(const torch::Tensor& x) const { return gguf_linear(x, codes, s, m, kinds, bias); }
+  torch::Tensor operator()(const torch::Tensor& x) const { return gguf_linear(x, codes, s, m, kinds, bias, false); }
 };
 
 StackLinear read_linear(const std::vector<torch::Tensor>& t, size_t& ti, const std::vector<int64_t>& desc, size_t& di) {
@@ -367,7 +367,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_threads", &pool_threads, "threads of the kernels' pool (made on first use)");
   m.def("gguf_matmul_available", &gguf_matmul_available, "gguf_linear runs here (AVX-512 VNNI or AVX2 build)");
   m.def("gguf_matmul_isa", &gguf_matmul_isa, "the ISA level of this build's GGUF kernels");
-  m.def("gguf_linear", &gguf_linear, py::call_guard<py::gil_scoped_release>(), "x @ W^T (+ bias) for GGUF blocks, int8 activations");
+  m.def("gguf_linear", &gguf_linear, py::call_guard<py::gil_scoped_release>(), "x @ W^T (+ bias) for GGUF blocks, int8 activations; bf16 out, or fp32 with f32_out");
   m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "x (+ residual), RMSNorm, one pass");
   m.def("rope_write_kv", &rope_write_kv, py::call_guard<py::gil_scoped_release>(), "RoPE on q and k, k and v into their cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, py::call_guard<py::gil_scoped_release>(), "decode attention over the paged cache");

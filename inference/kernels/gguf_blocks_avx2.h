@@ -96,21 +96,26 @@ inline __m256 load_scales8(const void* p, int64_t at, int half) {
 }
 
 template <int64_t T>
-inline void store(__m256 (*acc)[2], const float* bias, uint16_t* out, int64_t out_stride) {
+inline void store(__m256 (*acc)[2], const float* bias, OutRows out, int64_t out_stride) {
   alignas(32) float v[8];
   for (int64_t t = 0; t < T; ++t) {
     for (int h = 0; h < 2; ++h) {
       __m256 y = acc[t][h];
       if (bias != nullptr) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + h * 8));
+      void* dst = out.at(t * out_stride + h * 8).p;
+      if (out.f32) {
+        _mm256_storeu_ps(static_cast<float*>(dst), y);
+        continue;
+      }
       _mm256_store_ps(v, y);
-      for (int i = 0; i < 8; ++i) out[t * out_stride + h * 8 + i] = bf16conv::from_f32(v[i]);
+      for (int i = 0; i < 8; ++i) static_cast<uint16_t*>(dst)[i] = bf16conv::from_f32(v[i]);
     }
   }
 }
 
 template <int P, bool F32, bool HALF, int64_t T>
 inline void nibble_block(const uint8_t* w, const void* s, const void* m, const QuantizedActs& a, int64_t r0,
-                         int64_t k, int64_t groups, const float* bias, uint16_t* out, int64_t out_stride) {
+                         int64_t k, int64_t groups, const float* bias, OutRows out, int64_t out_stride) {
   constexpr int64_t BYTES = 256 + 64 * P;
   const __m256i nibble = _mm256_set1_epi8(0x0f);
   __m256 acc[T][2], macc[T][2];
@@ -167,7 +172,7 @@ inline void nibble_block(const uint8_t* w, const void* s, const void* m, const Q
 
 template <int64_t T>
 inline void q8_block(const int8_t* w, const void* d, const QuantizedActs& a, int64_t r0, int64_t k, int64_t groups,
-                     const float* bias, uint16_t* out, int64_t out_stride) {
+                     const float* bias, OutRows out, int64_t out_stride) {
   __m256 acc[T][2];
   for (int64_t t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {

@@ -86,6 +86,16 @@ struct QuantizedActs {
 };
 #endif
 
+// Where a block's output rows go: bf16 (the activations' dtype) or fp32 (logits: bf16 keeps 8
+// mantissa bits, so near-equal logits tie and the argmax takes the lowest id).
+struct OutRows {
+  void* p;
+  bool f32;
+  OutRows at(int64_t i) const {
+    return {f32 ? static_cast<void*>(static_cast<float*>(p) + i) : static_cast<void*>(static_cast<uint16_t*>(p) + i), f32};
+  }
+};
+
 #ifdef GGUF_MATMUL_AVX2
 #include "gguf_blocks_avx2.h"
 #endif
@@ -156,10 +166,13 @@ inline __m512 load_scales(const void* p, int64_t at) {
   else return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + at * BLOCK)));
 }
 
-inline void store(const __m512* acc, const float* bias, uint16_t* out, int64_t out_stride, int64_t t_count) {
+inline void store(const __m512* acc, const float* bias, OutRows out, int64_t out_stride, int64_t t_count) {
   const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-  for (int64_t t = 0; t < t_count; ++t)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * out_stride), f32x16_to_bf16(_mm512_add_ps(acc[t], b)));
+  for (int64_t t = 0; t < t_count; ++t) {
+    const __m512 y = _mm512_add_ps(acc[t], b);
+    if (out.f32) _mm512_storeu_ps(static_cast<float*>(out.at(t * out_stride).p), y);
+    else _mm256_storeu_si256(static_cast<__m256i*>(out.at(t * out_stride).p), f32x16_to_bf16(y));
+  }
 }
 
 // T activation rows (from r0) against one block of 16 output rows of a nibble kind with P bit
@@ -167,7 +180,7 @@ inline void store(const __m512* acc, const float* bias, uint16_t* out, int64_t o
 // sequence for any T.
 template <int P, bool F32, bool HALF, int64_t T>
 inline void nibble_block(const uint8_t* w, const void* s, const void* m, const QuantizedActs& a, int64_t r0,
-                         int64_t k, int64_t groups, const float* bias, uint16_t* out, int64_t out_stride) {
+                         int64_t k, int64_t groups, const float* bias, OutRows out, int64_t out_stride) {
   constexpr int64_t BYTES = 256 + 64 * P;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   __m512 acc[T], macc[T];
@@ -221,7 +234,7 @@ inline void nibble_block(const uint8_t* w, const void* s, const void* m, const Q
 // 128 * (the sum of its group's activation codes).
 template <int64_t T>
 inline void q8_block(const int8_t* w, const void* d, const QuantizedActs& a, int64_t r0, int64_t k, int64_t groups,
-                     const float* bias, uint16_t* out, int64_t out_stride) {
+                     const float* bias, OutRows out, int64_t out_stride) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[T];
   for (int64_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
@@ -252,7 +265,7 @@ struct Segment {
 
 template <int64_t T>
 inline void run_block(const Segment& sg, int64_t b, const QuantizedActs& a, int64_t r0, int64_t k, int64_t groups,
-                      const float* bias, uint16_t* out, int64_t n) {
+                      const float* bias, OutRows out, int64_t n) {
   const int64_t gb = group_bytes(sg.kind) * groups, sc = scales_per_group(sg.kind) * groups * BLOCK;
   const uint8_t* w = sg.codes + b * gb;
   const bool f32 = f32_scales(sg.kind);
@@ -297,10 +310,10 @@ std::string gguf_matmul_isa() {
 
 // x [M, K] bf16; per segment i: codes uint8 [N_i / 16, G * bytes(kind)], s [N_i / 16, G (x2), 16]
 // (fp16, fp32 for K kinds), m like s (or empty), kinds[i]; bias fp32 [sum N_i] or None
-// -> [M, sum N_i] bf16, the segments' rows side by side.
+// -> [M, sum N_i] bf16 (fp32 with f32_out), the segments' rows side by side.
 torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& codes, const std::vector<torch::Tensor>& s,
                           const std::vector<torch::Tensor>& m, const std::vector<int64_t>& kinds,
-                          const c10::optional<torch::Tensor>& bias) {
+                          const c10::optional<torch::Tensor>& bias, bool f32_out) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2, "x: a 2-D bf16 CPU tensor");
   TORCH_CHECK(!codes.empty() && codes.size() == s.size() && s.size() == m.size() && m.size() == kinds.size(),
               "gguf_linear: one codes, scales, mins and kind per segment");
@@ -334,26 +347,26 @@ torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& cod
     bp = bc.data_ptr<float>();
   }
   auto xc = x.contiguous();
-  auto out = torch::empty({rows, n}, x.options());
+  auto out = torch::empty({rows, n}, x.options().dtype(f32_out ? at::kFloat : at::kBFloat16));
   QuantizedActs a;
   quantize_acts(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), rows, k, a);
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const OutRows op{out.data_ptr(), f32_out};
   spin_pool::parallel_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
     size_t si = 0;
     for (int64_t gb = begin; gb < end; ++gb) {
       while (gb * BLOCK >= segs[si].col0 + segs[si].blocks * BLOCK) ++si;
       const Segment& sg = segs[si];
       const int64_t b = gb - sg.col0 / BLOCK;
-      uint16_t* ob = op + gb * BLOCK;
+      const OutRows ob = op.at(gb * BLOCK);
       const float* bb = bp != nullptr ? bp + gb * BLOCK : nullptr;
       int64_t r0 = 0;
-      for (; r0 + TILE <= rows; r0 += TILE) run_block<TILE>(sg, b, a, r0, k, groups, bb, ob + r0 * n, n);
+      for (; r0 + TILE <= rows; r0 += TILE) run_block<TILE>(sg, b, a, r0, k, groups, bb, ob.at(r0 * n), n);
       switch (rows - r0) {
-        case 5: run_block<5>(sg, b, a, r0, k, groups, bb, ob + r0 * n, n); break;
-        case 4: run_block<4>(sg, b, a, r0, k, groups, bb, ob + r0 * n, n); break;
-        case 3: run_block<3>(sg, b, a, r0, k, groups, bb, ob + r0 * n, n); break;
-        case 2: run_block<2>(sg, b, a, r0, k, groups, bb, ob + r0 * n, n); break;
-        case 1: run_block<1>(sg, b, a, r0, k, groups, bb, ob + r0 * n, n); break;
+        case 5: run_block<5>(sg, b, a, r0, k, groups, bb, ob.at(r0 * n), n); break;
+        case 4: run_block<4>(sg, b, a, r0, k, groups, bb, ob.at(r0 * n), n); break;
+        case 3: run_block<3>(sg, b, a, r0, k, groups, bb, ob.at(r0 * n), n); break;
+        case 2: run_block<2>(sg, b, a, r0, k, groups, bb, ob.at(r0 * n), n); break;
+        case 1: run_block<1>(sg, b, a, r0, k, groups, bb, ob.at(r0 * n), n); break;
         default: break;
       }
     }

@@ -88,8 +88,9 @@ def gguf_matmul_available() -> bool:
 class GGUFCpuLinear(nn.Module):
     """x @ W^T (+ bias) with W the row segments' codes; bf16 in and out."""
 
-    def __init__(self, parts: list[BlockCodes], bias: torch.Tensor | None = None):
+    def __init__(self, parts: list[BlockCodes], bias: torch.Tensor | None = None, f32_out: bool = False):
         super().__init__()
+        self.f32_out = f32_out      # fp32 outputs (the LM head's logits) instead of bf16
         if not parts:
             raise ValueError("GGUFCpuLinear: at least one segment")
         n = parts[0].codes.shape[1]
@@ -127,7 +128,7 @@ class GGUFCpuLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"GGUFCpuLinear: x has {x.shape[-1]} features, the weight {self.in_features}")
         y = self.ops.gguf_linear(x.reshape(-1, self.in_features), self.codes, self.scales, self.mins, self.kinds,
-                                 self.bias)
+                                 self.bias, self.f32_out)
         if y.shape[-1] != self.out_features:
             y = y[:, :self.out_features].contiguous()
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)

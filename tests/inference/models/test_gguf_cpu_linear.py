@@ -55,6 +55,19 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(kind):
     assert torch.equal(layer(x[5:14]), batch[5:14])
 
 
+@pytest.mark.parametrize("kind", ["Q5_0", "Q6_K", "Q8_0"])
+def test_fp32_outputs_are_the_bf16_outputs_before_rounding(kind):
+    """The LM head's logits come out in fp32: the same sums, not rounded to bf16's 8 mantissa bits."""
+    codes, bias = _codes(kind, 48, 512, seed=7), torch.randn(48, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(9)).bfloat16()
+    rounded = GGUFCpuLinear([codes], bias)(x)
+    full = GGUFCpuLinear([codes], bias, f32_out=True)(x)
+    assert rounded.dtype == torch.bfloat16 and full.dtype == torch.float32
+    assert torch.equal(full.bfloat16(), rounded)
+    assert (full != rounded.float()).float().mean() > 0.9
+    _check(GGUFCpuLinear([codes], bias, f32_out=True), codes.dequantized(), x, bias)
+
+
 def test_leading_dimensions_are_kept():
     layer = GGUFCpuLinear([_codes("Q4_1", 32, 64, seed=4)])
     x = torch.randn(2, 3, 64).bfloat16()
@@ -91,9 +104,9 @@ def test_every_lower_isa_level_gives_the_same_bits(kind):
         pytest.skip("this CPU runs one ISA level only: nothing lower to compare with")
     layer = GGUFCpuLinear([_codes(kind, 48, 512, seed=7), _codes("Q8_0", 40, 512, seed=8)], torch.randn(88))
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(6)).bfloat16() * 3
-    want = layer.ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias)
+    want = layer.ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias, False)
     for isa in levels:
         ops = cpu_ops_at(isa)
         assert ops.gguf_matmul_isa() == isa
-        got = ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias)
+        got = ops.gguf_linear(x, layer.codes, layer.scales, layer.mins, layer.kinds, layer.bias, False)
         assert torch.equal(got, want), isa
