@@ -18,7 +18,8 @@ from pathlib import Path
 from bench.harness import stop_process, wait_ready
 
 SDIST_NAME, SDIST_VERSION = "llama-cpp-python", "0.3.36"
-BINARIES = ("llama-server", "llama-bench")
+# the server and llama-bench for speed; llama-perplexity for the agreement peer (gguf_agreement)
+BINARIES = ("llama-server", "llama-bench", "llama-perplexity")
 
 
 def cache_dir() -> Path:
@@ -68,7 +69,7 @@ def _source_dir() -> Path:
 
 
 def build(level: str = "avx512_vnni") -> Path:
-    """The build folder with bin/llama-server and bin/llama-bench for an ISA level (built on first use)."""
+    """The build folder with bin/ holding BINARIES for an ISA level (built on first use)."""
     if all(binary(b, level).exists() for b in BINARIES):
         return build_dir(level)
     src, out = _source_dir(), build_dir(level)
