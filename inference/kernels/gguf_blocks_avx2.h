@@ -53,17 +53,6 @@ void quantize_acts(const uint16_t* x, int64_t rows, int64_t k, QuantizedActs& a)
   });
 }
 
-// A thread streams its blocks' codes from memory; the hardware prefetcher alone left a decode pass
-// of the 0.5B at ~60% of the read bandwidth on a Zen 3 VM. Asking for the lines ~1.5 KB ahead took the
-// pass from 15.1-15.8 to 13.2-14.5 ms (bench/cpu/gguf_layers.py; a prefetch past the end of the
-// codes is harmless: it never faults).
-constexpr int64_t PREFETCH_NIBBLE = 1536, PREFETCH_Q8 = 1024;
-
-template <int64_t BYTES>
-inline void prefetch(const void* p) {
-  for (int64_t l = 0; l < BYTES; l += 64) _mm_prefetch(static_cast<const char*>(p) + l, _MM_HINT_T0);
-}
-
 // per int32 lane: sum of 4 products u[b] * x[b] (u unsigned, x signed bytes)
 inline __m256i dot4(__m256i u, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
