@@ -68,7 +68,7 @@ ide-clients:
 test: $(STAMP) browser ops-tools ide-clients lint
 	$(PY) -c "from inference.loader.model_loader import gguf_source, resolve_model_dir; \
 		resolve_model_dir('smollm2'); gguf_source('qwen2.5-coder-0.5b')"
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q --durations=40 tests
 
 # ruff's rules and import-linter's layer contracts are in pyproject.toml
 lint: $(STAMP)
