@@ -137,14 +137,19 @@ def _generating(engine, timeout=10.0) -> None:
     time.sleep(0.05)
 
 
-def test_the_editors_next_request_cancels_its_last_but_a_warm_up_does_not(web, tiny_client):
+def test_the_editors_next_request_cancels_its_last_but_a_warm_up_does_not(web, tiny_client, monkeypatch):
     """llama.vscode sends a request per keystroke and only shows the last: the older one from the same
     editor (API key and address) answers "" at once. Its context warm-ups (n_predict 0) cancel
     nothing, nor does another editor's request."""
     service = lambda: web.application.extensions["completion"]["service"]         # noqa: E731
-    slow = {**LLAMA_VSCODE, "n_predict": 400, "samplers": ["temperature"], "temperature": 1.0, "seed": 3}
+    slow = {**LLAMA_VSCODE, "n_predict": 400, "samplers": ["temperature"], "temperature": 1.0, "seed": 3,
+            "t_max_predict_ms": 0, "n_indent": 0}
     web.post("/infill", json={**LLAMA_VSCODE, "n_predict": 1}, headers=AUTH)         # the service exists
     engine = tiny_client.engine
+    # the tiny model writes 400 tokens in well under a second: a step of 30 ms keeps the first
+    # request in flight while the others arrive, on any machine
+    step = engine.engine.step
+    monkeypatch.setattr(engine.engine, "step", lambda: (time.sleep(0.03), step())[1])
     before = service().num_cancelled
     th, first = _start(web, slow)
     _generating(engine)
