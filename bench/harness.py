@@ -107,6 +107,17 @@ def timed(fn, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def host_times(fn, reps: int) -> list[float]:
+    """Seconds of each of reps calls of fn() on host clocks (CPU work), after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def timed_interleaved(fns: dict, rounds: int = 25, calls: int = 5) -> dict:
     """Median seconds per call of each fn, timed round-robin (`calls` back to back between two
     CUDA events, once per fn per round), so clock drift over the run hits every fn alike."""

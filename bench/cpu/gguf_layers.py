@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 
-from bench.harness import cpu_model, git_commit, result_path, write_result
+from bench.harness import cpu_model, git_commit, host_times, result_path, write_result
 from inference.kernels.cpu_ops import cpu_isa
 from inference.loader.gguf_codes import QUANTIZED, GGUFFile
 from inference.loader.model_loader import gguf_source
@@ -46,17 +46,7 @@ def build(f: GGUFFile) -> list[tuple[str, GGUFCpuLinear]]:
 def read_bandwidth(reps: int) -> float:
     """Bytes per second of a 2-thread sum over 512 MiB: what a pass over the weights can reach."""
     x = torch.ones(128 << 20, dtype=torch.float32)
-    return x.numel() * 4 / min(_times(x.sum, reps))
-
-
-def _times(fn, reps: int) -> list[float]:
-    fn()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+    return x.numel() * 4 / min(host_times(x.sum, reps))
 
 
 def segment_bytes(lin: GGUFCpuLinear) -> list[tuple[str, int]]:

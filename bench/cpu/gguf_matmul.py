@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from bench.harness import cpu_model, git_commit, result_path, write_result
+from bench.harness import cpu_model, git_commit, host_times, result_path, write_result
 from inference.loader.gguf_codes import BlockCodes
 from inference.models.gguf_cpu_linear import GGUFCpuLinear, gguf_matmul_available
 
@@ -57,13 +56,7 @@ def build(gen: torch.Generator):
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(host_times(fn, reps))
 
 
 def main() -> None:
