@@ -1,15 +1,22 @@
 """Verification of what the model writes, one sentence at a time, before the customer sees it.
 
 A sentence passes when
-  - every number in it (a price, a duration, a date, a percentage) appears in a cited passage;
+  - every number in it (a price, a duration, a date, a percentage) appears in a cited passage, with
+    the same currency sign or range start before it and the word after it among the two that follow
+    it there ("€50 per day" fails against "€7 per day ... excess to €50", "5 days" against
+    "3-5 days"); a count in words ("five times") counts as its number;
+  - every placeholder in it ("[EMAIL]") is in a cited passage;
   - every name in it (a capitalised word past the sentence's start: a brand, a plan, a carrier)
     appears in a cited passage or the tenant's name;
+  - it says yes where the help centre says yes: negated ("not", "never", "can't", a leading "No")
+    exactly when the cited span that supports it best is;
   - it is supported: its embedding's cosine to the best cited span is at least `min_support`, or,
     without embeddings, most of its content words are in the passages;
   - it repeats none of the prompt (filters.leakage).
 
 A sentence that fails is dropped; the chat replaces a reply that lost everything by the quoted
 span. Framing with no facts ("Happy to help!") passes: it names nothing and states no number.
+Each check errs towards dropping: a dropped sentence costs a quote, a wrong one costs the customer.
 """
 from __future__ import annotations
 
@@ -21,12 +28,22 @@ import numpy as np
 
 from filters.leakage import LeakFilter
 from pipelines.knowledge_base import stem, tokenize
+from pipelines.query_translation import has_cjk
 
 _NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 _NAME = re.compile(r"\b[A-Z][a-zA-Z]+(?:\s+[A-Z][a-zA-Z]+)*")
 _SMALL_TALK = frozenset("i you we our your hi hello thanks thank please sorry happy help glad welcome sure "
                         "yes no ok okay great".split())
 _NUMBER_WORDS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
+_NEGATION = re.compile(r"\b(?:not|never|no|cannot|none|nothing|neither|nor)\b|n[’']t\b", re.IGNORECASE)
+_CURRENCY = "$€£¥"
+_RANGE_START = re.compile(r"(\d+)\s?[-–]\s?$")
+_COUNT_WORDS = {w: str(i) for i, w in
+                enumerate("two three four five six seven eight nine ten eleven twelve".split(), 2)}
+_COUNT_WORDS.update(twice="2", thrice="3")
+_COUNT = re.compile(r"\b(?:" + "|".join(_COUNT_WORDS) + r")\b", re.IGNORECASE)
+_PLACEHOLDER = re.compile(r"\[[A-Z_]+\]")
+_AFTER = re.compile(r"[\s-]*([^\W\d_]+)(?:\s+([^\W\d_]+))?")
 
 
 @dataclass(frozen=True)
@@ -38,12 +55,18 @@ class Verdict:
 class SentenceVerifier:
     def __init__(self, sources: list[str], leak_filter: LeakFilter, names: tuple[str, ...] = (),
                  embed: Callable[[list[str]], np.ndarray] | None = None, source_vecs: np.ndarray | None = None,
-                 min_support: float = 0.5, min_overlap: float = 0.6):
+                 span_texts: list[str] | None = None, min_support: float = 0.5, min_overlap: float = 0.6):
         """sources: the cited passages' texts; source_vecs: [S, dim] embeddings of the cited spans
-        (with `embed` for the sentence, the support check is a cosine; without, word overlap)."""
+        and span_texts their texts, a list item's lead included (with `embed` for the sentence, the
+        support check is a cosine to the best span; without, word overlap with the best sentence of
+        the passages)."""
         joined = "\n".join(sources)
         self.text = re.sub(r"\s+", " ", joined).lower()
-        self.numbers = {_canon(n) for n in _NUMBER.findall(joined)}
+        self.numbers: dict[str, list[tuple[str, set[str]]]] = {}
+        for m in _NUMBER.finditer(joined):
+            self.numbers.setdefault(_canon(m.group(0)), []).append(_context(joined, m))
+        self.counts = set(self.numbers) | {_COUNT_WORDS[w.lower()] for w in _COUNT.findall(joined)}
+        self.spans = span_texts or [t for src in sources for t in re.split(r"(?<=[.!?])\s+|\n+", src) if t.strip()]
         self.words = {stem(w) for w in tokenize(joined + " " + " ".join(names))}
         self.names_text = (self.text + " " + " ".join(names).lower())
         self.leak_filter, self.embed, self.source_vecs = leak_filter, embed, source_vecs
@@ -55,12 +78,23 @@ class SentenceVerifier:
             return Verdict(True)
         if self.leak_filter.leaks(s):
             return Verdict(False, "leak")
+        for token in _PLACEHOLDER.findall(s):
+            if token.lower() not in self.text:
+                return Verdict(False, f"placeholder {token}")
+        for word in _COUNT.findall(s):
+            if _COUNT_WORDS[word.lower()] not in self.counts:
+                return Verdict(False, f"number {word}")
         for m in _NUMBER.finditer(s):
             n = _canon(m.group(0))
             if len(n) == 1 and s[m.end():m.end() + 1] in (".", ")") and m.start() == 0:
                 continue                                   # a list marker
             if n not in self.numbers:
                 return Verdict(False, f"number {m.group(0)}")
+            sign, after = _context(s, m)
+            # no sign in the sentence matches a currency sign in the passage, never a range's end
+            if not any((sign == s2 or not sign and not s2.endswith("-")) and (not after or after & a2)
+                       for s2, a2 in self.numbers[n]):
+                return Verdict(False, f"number {m.group(0)} in another context")
         for name in _names(s):
             if name.lower() not in self.names_text:
                 return Verdict(False, f"name {name}")
@@ -71,11 +105,18 @@ class SentenceVerifier:
             return Verdict(True)
         if self.embed is not None and self.source_vecs is not None and len(self.source_vecs):
             vec = np.asarray(self.embed([s]), dtype=np.float32)[0]
-            if float(np.max(self.source_vecs @ vec)) >= self.min_support:
-                return Verdict(True)
-            return Verdict(False, "unsupported")
-        overlap = sum(stem(w) in self.words for w in content) / len(content)
-        return Verdict(True) if overlap >= self.min_overlap else Verdict(False, "unsupported")
+            cosines = self.source_vecs @ vec
+            if float(np.max(cosines)) < self.min_support:
+                return Verdict(False, "unsupported")
+            best = self.spans[int(np.argmax(cosines))] if len(self.spans) == len(cosines) else None
+        else:
+            stems = [stem(w) for w in content]
+            if sum(w in self.words for w in stems) / len(content) < self.min_overlap:
+                return Verdict(False, "unsupported")
+            best = max(self.spans, key=lambda t: len(set(stems) & {stem(w) for w in tokenize(t)}), default=None)
+        if best is not None and not has_cjk(s) and _negated(s) != _negated(best):
+            return Verdict(False, "polarity")
+        return Verdict(True)
 
 
 def _names(sentence: str) -> list[str]:
@@ -91,6 +132,22 @@ def _names(sentence: str) -> list[str]:
         if words:
             out.append(" ".join(words))
     return out
+
+
+def _negated(text: str) -> bool:
+    return bool(_NEGATION.search(text))
+
+
+def _context(text: str, m: re.Match) -> tuple[str, set[str]]:
+    """What stands right before a number (a currency sign, or the start of a range: "3-" of "3-5")
+    and the stems of the (up to) two words after it."""
+    sign = text[m.start() - 1] if m.start() and text[m.start() - 1] in _CURRENCY else ""
+    start = _RANGE_START.search(text, max(0, m.start() - 8), m.start())
+    sign = f"{start.group(1)}-" if start else sign
+    after = _AFTER.match(text, m.end())
+    # a CJK run has no spaces: its first character stands for the word
+    words = {w[0] if has_cjk(w[0]) else stem(w.lower()) for w in after.groups() if w} if after else set()
+    return sign, words
 
 
 def _canon(number: str) -> str:

@@ -237,10 +237,12 @@ class SupportChat:
         """The model writes from the selected spans; StreamGuard releases only verified sentences."""
         sources = [s.chunk.text for s in selection.spans]
         spans, vecs = self.kb.spans(list(dict.fromkeys(s.chunk for s in selection.spans)))
+        chosen = [i for i, s in enumerate(spans) if s in selection.spans]
         if vecs is not None:
-            vecs = vecs[[i for i, s in enumerate(spans) if s in selection.spans]]
+            vecs = vecs[chosen]
         verifier = SentenceVerifier(sources, self._leak_filter(tenant), names=(tenant.name,),
-                                    embed=self.client.embed, source_vecs=vecs)
+                                    embed=self.client.embed, source_vecs=vecs,
+                                    span_texts=[f"{spans[i].lead} {spans[i].text}".strip() for i in chosen])
 
         guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: verifier.check(t).ok))
         parts: list[str] = []

@@ -50,3 +50,64 @@ def test_an_unsupported_claim_fails(embedder):
     assert v.check("Our movers carry pianos up any staircase without charge.").reason == "unsupported"
     words = SentenceVerifier([SOURCE], LeakFilter([RULES]))
     assert words.check("Our movers carry pianos up any staircase without charge.").reason == "unsupported"
+
+
+REFUNDS = ("Refunds always go back to the original payment method used for the order. We can't send a refund "
+           "to a different card or bank account. Bikes cost €4 per day (€7 per day for e-bikes), and the "
+           "theft excess is €50.")
+
+
+@pytest.fixture(params=["embeddings", "words"])
+def refunds(request, embedder):
+    spans = [s if s.endswith(".") else s + "." for s in REFUNDS.split(". ")]
+    if request.param == "words":
+        return SentenceVerifier([REFUNDS], LeakFilter([RULES]))
+    return SentenceVerifier([REFUNDS], LeakFilter([RULES]), embed=embedder.embed,
+                            source_vecs=embedder.embed(spans), span_texts=spans)
+
+
+@pytest.mark.parametrize("sentence", [
+    "Yes, you can send a refund to a different card.",
+    "We can refund your order to a different bank account.",
+])
+def test_a_yes_where_the_help_centre_says_no_fails(refunds, sentence):
+    assert refunds.check(sentence).reason == "polarity"
+
+
+@pytest.mark.parametrize("sentence", [
+    "No, we can't send a refund to a different card.",
+    "Your refund always goes back to the original payment method.",
+    "An e-bike costs €7 per day.",
+    "The theft excess is €50.",
+])
+def test_restated_facts_keep_their_polarity_and_context(refunds, sentence):
+    assert refunds.check(sentence).ok, refunds.check(sentence)
+
+
+@pytest.mark.parametrize("sentence,reason", [
+    ("An e-bike costs €50 per day.", "number 50 in another context"),
+    ("The theft excess is £50.", "number 50 in another context"),
+    ("E-bikes cost 4 euros an hour.", "number 4 in another context"),
+])
+def test_a_number_moved_to_another_fact_fails(refunds, sentence, reason):
+    assert refunds.check(sentence).reason == reason
+
+
+def test_a_list_items_polarity_comes_with_its_lead(embedder):
+    lead_item = "These items can't be returned: opened socks and underwear, for hygiene reasons."
+    v = SentenceVerifier([lead_item], LeakFilter([RULES]), embed=embedder.embed,
+                         source_vecs=embedder.embed(["Opened socks and underwear, for hygiene reasons."]),
+                         span_texts=[lead_item])
+    assert v.check("Yes, you can return opened socks and underwear.").reason == "polarity"
+    assert v.check("No, opened socks and underwear can't be returned, for hygiene reasons.").ok
+
+
+def test_a_range_a_count_in_words_and_a_placeholder_are_checked(embedder):
+    text = "The pending charge disappears within 3-5 business days. Each item can be exchanged once."
+    spans = [s if s.endswith(".") else s + "." for s in text.split(". ")]
+    v = SentenceVerifier([text], LeakFilter([RULES]), embed=embedder.embed, source_vecs=embedder.embed(spans),
+                         span_texts=spans)
+    assert v.check("The pending charge disappears within 3-5 business days.").ok
+    assert v.check("The pending charge will go away within 5 business days.").reason == "number 5 in another context"
+    assert v.check("You can exchange an item up to seven times.").reason == "number seven"
+    assert v.check("The charge is refunded to [EMAIL] soon.").reason == "placeholder [EMAIL]"
