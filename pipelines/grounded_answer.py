@@ -5,6 +5,8 @@
                          (pipelines.answer_verifier) before it streams; a failing sentence is
                          dropped, and the quoted span is added when what survived lost the facts.
                          Outcome "verified_generated", or "sentence_dropped" if any was dropped.
+                         A Chinese question's verified English reply is then translated by the
+                         model, and kept in Chinese only if the translation keeps its numbers.
     free                 the model writes from the retrieved passages, only the prompt-leak check
                          applies. Outcome "free".
 
@@ -20,6 +22,8 @@ from pipelines.query_translation import has_cjk
 ANSWER_MODES = ("extractive", "grounded_generation", "free")
 OUTCOMES = ("quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified", "free")
 
+TRANSLATE_RULES = ("Translate the customer-service reply into Simplified Chinese. Keep every number, price, "
+                   "code and product name exactly as written. Output only the translation.")
 GROUNDED_RULES = ("Answer the customer in one or two short sentences using only the facts below. Copy every "
                   "number, price, duration and name exactly as the facts write it. Do not add anything else.")
 
@@ -63,3 +67,16 @@ def missing_facts(reply: str, spans: list[Span]) -> bool:
     """The spans state figures and the reply states none of them."""
     figures = {n for s in spans for n in NUMBER.findall(s.text)}
     return bool(figures) and not any(n in reply for n in figures)
+
+
+def translation_messages(reply: str) -> list[dict]:
+    """The prompt that turns a verified English reply into Chinese."""
+    return [{"role": "system", "content": TRANSLATE_RULES}, {"role": "user", "content": reply}]
+
+
+def translation_keeps_facts(reply: str, translated: str) -> bool:
+    """The translation is Chinese and states the reply's numbers, no more and no fewer ("1,800" and
+    "1800" alike): a dropped or altered figure keeps the English reply."""
+    def figures(text: str) -> list[str]:
+        return sorted(n.rstrip(".,:").replace(",", "") for n in NUMBER.findall(text))
+    return has_cjk(translated) and figures(reply) == figures(translated)

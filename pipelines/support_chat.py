@@ -39,12 +39,14 @@ from pipelines.grounded_answer import (
     grounded_messages,
     missing_facts,
     quoted_reply,
+    translation_keeps_facts,
+    translation_messages,
 )
 from pipelines.inference_client import InferenceClient, InferenceError
 from pipelines.intent import IntentDetector, IntentResult
 from pipelines.knowledge_base import Chunk, KnowledgeBase, Passage
 from pipelines.prompt import RULES, build_messages
-from pipelines.query_translation import Glossary
+from pipelines.query_translation import Glossary, has_cjk
 
 log = logging.getLogger(__name__)
 _CJK = re.compile(r"[\u3400-\u9fff]")
@@ -234,7 +236,32 @@ class SupportChat:
 
     def _generate_grounded(self, tenant: Tenant, history: list[dict], clean_text: str, selection: Selection,
                            intent: IntentResult, citations: list[dict]) -> Iterator[tuple[str, object]]:
-        """The model writes from the selected spans; StreamGuard releases only verified sentences."""
+        """The model writes from the selected spans; StreamGuard releases only verified sentences.
+        A Chinese question gets the verified reply in Chinese (the spans and the verifier are English)."""
+        english = self._grounded_english(tenant, history, clean_text, selection, intent, citations)
+        if not has_cjk(clean_text):
+            yield from english
+            return
+        done = next(value for kind, value in english if kind == "done")
+        text = self._translated(done.reply)
+        yield "token", text
+        yield "done", replace(done, reply=text)
+
+    def _translated(self, reply: str) -> str:
+        """The reply in Chinese, through the output filters, if the model's translation keeps its
+        numbers; else the reply as it is."""
+        guard = StreamGuard(self.banned)
+        try:
+            pieces = self.client.chat_stream(translation_messages(reply), temperature=0.0,
+                                             max_tokens=len(reply) // 2 + 32)
+            text = "".join(guard.feed(p) for p in pieces) + guard.finish()
+        except InferenceError as exc:
+            log.warning("translation failed (%s); answering in English", exc)
+            return reply
+        return text.strip() if translation_keeps_facts(reply, text) else reply
+
+    def _grounded_english(self, tenant: Tenant, history: list[dict], clean_text: str, selection: Selection,
+                          intent: IntentResult, citations: list[dict]) -> Iterator[tuple[str, object]]:
         sources = [s.chunk.text for s in selection.spans]
         spans, vecs = self.kb.spans(list(dict.fromkeys(s.chunk for s in selection.spans)))
         chosen = [i for i, s in enumerate(spans) if s in selection.spans]

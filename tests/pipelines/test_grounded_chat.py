@@ -91,6 +91,47 @@ def test_a_reply_repeating_the_instructions_is_replaced_by_the_quote(parts, embe
     assert "165 EUR" in reply.reply and reply.grounding == "sentence_dropped"
 
 
+class Turns(Core):
+    """A model that writes one reply per call, in order."""
+    def __init__(self, embedder, replies):
+        super().__init__(embedder)
+        self.replies = list(replies)
+
+    def chat_stream(self, messages, **kw):
+        self.prompts.append(messages)
+        yield from self.replies.pop(0)
+
+
+@pytest.fixture
+def chinese_chat(parts, embedder, tmp_path):
+    glossary = tmp_path / "g.yaml"
+    glossary.write_text("terms:\n  调音: tuning visit\n  三角钢琴: grand piano\n  多少钱: how much cost price\n",
+                        encoding="utf-8")
+    from pipelines.query_translation import Glossary
+
+    def ask(replies):
+        core = Turns(embedder, replies)
+        chat = SupportChat(core, *parts, glossary=Glossary(glossary))
+        events = list(chat.respond(GROUNDED, [], "三角钢琴调音多少钱？"))
+        assert "".join(v for k, v in events[:-1]).strip() == events[-1][1].reply
+        return events[-1][1], core.prompts
+    return ask
+
+
+def test_a_chinese_question_gets_the_verified_reply_in_chinese(chinese_chat):
+    reply, prompts = chinese_chat([["A grand piano tuning is ", "165 EUR per visit."],
+                                   ["三角钢琴调音每次", "165 EUR。"]])
+    assert reply.reply == "三角钢琴调音每次165 EUR。" and reply.grounding == "verified_generated"
+    assert prompts[1][-1]["content"] == "A grand piano tuning is 165 EUR per visit."      # the verified English
+
+
+def test_a_translation_that_alters_a_figure_keeps_the_english_reply(chinese_chat):
+    reply, _ = chinese_chat([["A grand piano tuning is 165 EUR per visit."], ["三角钢琴调音每次150 EUR。"]])
+    assert reply.reply == "A grand piano tuning is 165 EUR per visit."
+    reply, _ = chinese_chat([["A grand piano tuning is 165 EUR per visit."], ["A grand piano costs 165 EUR."]])
+    assert reply.reply == "A grand piano tuning is 165 EUR per visit."                   # not Chinese
+
+
 @pytest.mark.parametrize("tenant", [EXTRACTIVE, GROUNDED])
 @pytest.mark.parametrize("question", ["Do you repair violins?", "Can I pay in bitcoin?"])
 def test_unanswerable_questions_say_so_and_offer_a_human(parts, embedder, tenant, question):
