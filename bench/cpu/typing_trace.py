@@ -36,6 +36,7 @@ import requests
 from bench.harness import free_port, nearest_rank, result_path, stop_process, wait_ready, write_result
 
 AUTH = {"Authorization": "Bearer demo-api-key"}
+TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
 N_PREFIX, N_SUFFIX = 256, 64
 SETTINGS = {"n_predict": 128, "top_k": 40, "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"],
             "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "stop": ["\n"]}
@@ -59,19 +60,33 @@ def trace(lines_per_file: int) -> list[tuple[dict, str]]:
 def replay(url: str, bodies: list[tuple[dict, str]], headers: dict | None = None) -> dict:
     s = requests.Session()
     s.post(f"{url}/infill", json={**bodies[0][0], "prompt": ""}, headers=headers, timeout=300).raise_for_status()
-    lat, chars, empty, exact = [], [], 0, 0
+    lat, chars, empty, exact, per_request = [], [], 0, 0, []
     for body, rest in bodies:
         t0 = time.perf_counter()
         r = s.post(f"{url}/infill", json=body, headers=headers, timeout=300)
         r.raise_for_status()
         lat.append((time.perf_counter() - t0) * 1e3)
         text = r.json()["content"]
+        # where the time went: both servers answer llama.cpp's timings
+        t = r.json().get("timings", {})
+        per_request.append({"ms": round(lat[-1], 1), **{k: t.get(k) for k in TIMINGS}})
         chars.append(len(text))
         empty += not text.strip()
         exact += text.strip() == rest.strip()
     return {"requests": len(lat), "p50_ms": statistics.median(lat), "p90_ms": nearest_rank(lat, 0.90),
             "mean_ms": statistics.mean(lat), "empty": empty, "exact": exact / len(lat),
-            "mean_chars": statistics.mean(chars)}
+            "mean_chars": statistics.mean(chars), "split_over_p90": split(per_request, nearest_rank(lat, 0.90)),
+            "per_request": per_request}
+
+
+def split(per_request: list[dict], p90: float) -> dict:
+    """Mean prompt tokens, prompt ms, predicted tokens and predicted ms, over the requests at or
+    above P90 and below it: whether the tail is prompt processing or decoding."""
+    out = {}
+    for name, rows in (("tail", [r for r in per_request if r["ms"] >= p90]),
+                       ("rest", [r for r in per_request if r["ms"] < p90])):
+        out[name] = {k: round(statistics.mean(r[k] or 0 for r in rows), 1) for k in ("ms", *TIMINGS)} if rows else {}
+    return out
 
 
 def ours(model: str, bodies: list[dict], **settings: str) -> dict:
