@@ -13,6 +13,7 @@ Go and JavaScript); only extra whitespace and newlines it may begin with are rem
 from __future__ import annotations
 
 import re
+import zlib
 
 _TRAILING_BLANKS = re.compile(r"[ \t]+$")
 
@@ -81,6 +82,10 @@ def cut_dedent(text: str, n_indent: int) -> str:
 
 REPEATS = 3                 # the same line this many times in a row is a loop, not code
 MIN_PERIOD_CHARS = 24       # a repeating tail this long (and 4 periods) inside a line is one too
+# a line whose last LOW_INFO_CHARS compress (zlib) under LOW_INFO_RATIO of their size has stopped
+# carrying information: "yourselfly", "yourselflys", "yourselflyst", ... (a list of stop words or
+# hex bytes compresses to ~0.55, code and prose to 0.8-1.0)
+LOW_INFO_CHARS, LOW_INFO_RATIO = 160, 0.33
 
 
 def repetition_start(text: str) -> int | None:
@@ -88,7 +93,9 @@ def repetition_start(text: str) -> int | None:
 
     A loop is the same non-blank line REPEATS times in a row (indentation included, so closing
     braces at falling depths are not one), or a line that ends in 4+ copies of one 3..32
-    character unit over at least MIN_PERIOD_CHARS ("foo(foo(foo(foo(")."""
+    character unit over at least MIN_PERIOD_CHARS ("foo(foo(foo(foo("). A line that keeps
+    growing variations of itself without a period (LOW_INFO_*) is dropped whole: the offset is
+    its start."""
     lines = text.split("\n")
     offset, run, prev = 0, 0, None
     starts = []
@@ -115,4 +122,7 @@ def repetition_start(text: str) -> int | None:
             while start >= period and tail[start - period:start] == tail[start:start + period]:
                 start -= period
             return len(text) - len(tail) + start + period
+    window = tail[-LOW_INFO_CHARS:].encode()
+    if len(tail) >= LOW_INFO_CHARS and len(zlib.compress(window, 9)) < LOW_INFO_RATIO * len(window):
+        return len(text) - len(tail)
     return None

@@ -71,6 +71,29 @@ def test_code_that_is_not_a_loop(text):
     assert repetition_start(text) is None
 
 
+GROWING = ", ".join(f'"{w}"' for w in ["you", "yours", "yourself", "yourselfs", "yourselfly", "yourselflys",
+                                        "yourselflyst", "yourselflystly", "yourselflystlys", "yourselflystlysly",
+                                        "yourselflystlyslys", "yourselflystlyslysly"])
+
+
+def test_a_line_growing_variations_of_itself_is_dropped():
+    text = "words = [\n    " + GROWING
+    assert len(text.split("\n")[-1]) >= 160
+    assert text[:repetition_start(text)] == "words = [\n"
+
+
+@pytest.mark.parametrize("line", [
+    '"be", "by", "can", "do", "does", "for", "from", "how", "i", "if", "in", "is", "it", "me", "my", "of", '
+    '"on", "or", "our", "so", "that", "the", "this", "to", "was", "we"',
+    "0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, "
+    "0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a",
+    "return [name for name, (needs, _) in ISA_LEVELS.items() if needs <= flags and name not in excluded] + "
+    "sorted(extra_levels_for_this_machine, key=lambda level: (len(level), level))",
+])
+def test_long_lines_of_real_code_are_kept(line):
+    assert len(line) >= 160 and repetition_start(line) is None
+
+
 class Core:
     def __init__(self, pieces):
         self.pieces, self.prompts, self.aborted = pieces, [], []
