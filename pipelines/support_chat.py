@@ -205,6 +205,8 @@ class SupportChat:
         citations = _citations([s.chunk for s in selection.spans])
         if mode == "extractive":
             reply = quoted_reply(selection.spans, clean_text)
+            if has_cjk(clean_text):          # the quote in the customer's language, figures checked
+                reply = self._translated(reply)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence, citations,
                                                      grounding="quoted"))
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from filters.banned_words import BannedWordFilter
+from pipelines.inference_client import InferenceError
 from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
 from pipelines.support_chat import SupportChat, Tenant
@@ -36,6 +37,17 @@ class Core:
         yield from self.pieces
 
 
+class Turns(Core):
+    """A model that writes one reply per call, in order."""
+    def __init__(self, embedder, replies):
+        super().__init__(embedder)
+        self.replies = list(replies)
+
+    def chat_stream(self, messages, **kw):
+        self.prompts.append(messages)
+        yield from self.replies.pop(0)
+
+
 @pytest.fixture(scope="module")
 def parts(embedder, tmp_path_factory):
     root = tmp_path_factory.mktemp("grounded")
@@ -57,14 +69,24 @@ def test_extractive_quotes_the_answering_sentence_without_the_model(parts, embed
     assert reply.citations == [{"title": "Tuning Visits", "source": "kb/tuning-visits.md"}]
 
 
-def test_chinese_questions_are_answered_from_the_english_article(parts, embedder, tmp_path):
+class Down(Core):
+    def chat_stream(self, messages, **kw):
+        raise InferenceError("inference service unavailable")
+        yield
+
+
+def test_chinese_questions_get_the_quote_in_chinese_or_in_english_without_the_model(parts, embedder, tmp_path):
     glossary = tmp_path / "g.yaml"
     glossary.write_text("terms:\n  调音: tuning visit\n  三角钢琴: grand piano\n  多少钱: how much cost price\n",
                         encoding="utf-8")
     from pipelines.query_translation import Glossary
-    chat = SupportChat(Core(embedder), *parts, glossary=Glossary(glossary))
+    chat = SupportChat(Down(embedder), *parts, glossary=Glossary(glossary))
     reply = list(chat.respond(EXTRACTIVE, [], "三角钢琴调音多少钱？"))[-1][1]
     assert "165 EUR" in reply.reply and reply.reply.startswith("根据帮助中心《Tuning Visits》")
+    core = Turns(embedder, [["根据帮助中心《调音服务》：", "三角钢琴每次调音165 EUR。"]])
+    reply = list(SupportChat(core, *parts, glossary=Glossary(glossary)).respond(EXTRACTIVE, [], "三角钢琴调音多少钱？"))
+    assert reply[-1][1].reply == "根据帮助中心《调音服务》：三角钢琴每次调音165 EUR。"
+    assert reply[-1][1].grounding == "quoted" and "165 EUR" in core.prompts[0][-1]["content"]
 
 
 def test_grounded_generation_drops_a_sentence_with_an_invented_figure(parts, embedder):
@@ -89,17 +111,6 @@ def test_a_reply_repeating_the_instructions_is_replaced_by_the_quote(parts, embe
     reply = turn(parts, core, "How much does it cost to tune a grand piano?", GROUNDED)
     assert "Copy every number" not in reply.reply and "Facts:" not in reply.reply and "[1]" not in reply.reply
     assert "165 EUR" in reply.reply and reply.grounding == "sentence_dropped"
-
-
-class Turns(Core):
-    """A model that writes one reply per call, in order."""
-    def __init__(self, embedder, replies):
-        super().__init__(embedder)
-        self.replies = list(replies)
-
-    def chat_stream(self, messages, **kw):
-        self.prompts.append(messages)
-        yield from self.replies.pop(0)
 
 
 @pytest.fixture
