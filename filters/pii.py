@@ -136,6 +136,12 @@ def find_pii(text: str) -> list[PiiFinding]:
     return found
 
 
+def published_pii(texts: list[str]) -> frozenset[str]:
+    """The PII the given texts state themselves (a help centre's support address or phone line):
+    a reply quoting them is not leaking anyone's data."""
+    return frozenset(t[f.start:f.end] for t in texts for f in find_pii(t))
+
+
 def redact_pii(text: str) -> tuple[str, list[PiiFinding]]:
     """The text with each finding replaced by its placeholder, and the findings."""
     findings = find_pii(text)

@@ -17,7 +17,7 @@ first sentence waits for its end; the rest stream sentence by sentence.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from filters.banned_words import BannedWordFilter, mask_spans
 from filters.normalize import fold_char
@@ -27,14 +27,17 @@ _CONTEXT = 16          # released characters kept for boundary checks (word edge
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|[。！？]|\n")
 
 
-def sanitize_spans(text: str, banned: BannedWordFilter | None, pii: bool) -> list[tuple[int, int, str | None]]:
+def sanitize_spans(text: str, banned: BannedWordFilter | None, pii: bool,
+                   allowed_pii: Collection[str] = ()) -> list[tuple[int, int, str | None]]:
     """Spans to replace: (start, end, placeholder), placeholder None = mask with '*'. Spans that
-    overlap are merged; a merged span that holds PII takes the PII's placeholder."""
+    overlap are merged; a merged span that holds PII takes the PII's placeholder. PII whose text
+    is in `allowed_pii` (the help centre's own published address) stays."""
     spans = []
     if banned is not None:
         spans += [(m.start, m.end, None) for m in banned.find(text)]
     if pii:
-        spans += [(f.start, f.end, PLACEHOLDERS[f.kind]) for f in find_pii(text)]
+        spans += [(f.start, f.end, PLACEHOLDERS[f.kind]) for f in find_pii(text)
+                  if text[f.start:f.end] not in allowed_pii]
     spans.sort()
     merged: list[list] = []
     for start, end, repl in spans:
@@ -65,10 +68,11 @@ def sanitize(text: str, banned: BannedWordFilter | None, pii: bool = True) -> st
 
 class StreamGuard:
     def __init__(self, banned: BannedWordFilter | None, pii: bool = True, release_every: int = 32,
-                 sentence_check: Callable[[str], str | None] | None = None):
+                 sentence_check: Callable[[str], str | None] | None = None, allowed_pii: Collection[str] = ()):
         """release_every: scan only once this many characters beyond the window are held (about
         8 tokens), so each character is scanned a few times rather than once per piece.
-        sentence_check(sentence) -> the text to show for it, or None to drop it."""
+        sentence_check(sentence) -> the text to show for it, or None to drop it.
+        allowed_pii: PII texts shown as written (what the cited help-centre passages publish)."""
         if release_every < 1:
             raise ValueError(f"release_every: must be >= 1, got {release_every}")
         self.banned, self.pii, self.release_every = banned, pii, release_every
@@ -79,6 +83,7 @@ class StreamGuard:
         self.num_masked = 0      # spans replaced so far
         self.kinds: set[str] = set()
         self.sentence_check = sentence_check
+        self.allowed_pii = frozenset(allowed_pii)
         self._sentence = ""      # released text of a sentence not complete yet
         self.num_dropped = 0     # sentences the check dropped or replaced
 
@@ -129,7 +134,8 @@ class StreamGuard:
         text = ctx + held
         # A span reaching back into the released context is clipped to its held part and still
         # replaced: what is left of a match is never shown, even if its start already was.
-        spans = [(max(s, len(ctx)), e, r) for s, e, r in sanitize_spans(text, self.banned, self.pii) if e > len(ctx)]
+        spans = [(max(s, len(ctx)), e, r) for s, e, r in sanitize_spans(text, self.banned, self.pii, self.allowed_pii)
+                 if e > len(ctx)]
         cut += len(ctx)
         for start, end, _ in spans:           # never release up to the middle of a match
             if start < cut < end:

@@ -28,7 +28,7 @@ import numpy as np
 from filters.banned_words import BannedWordFilter
 from filters.injection import detect_injection
 from filters.leakage import LeakFilter, strip_markers
-from filters.pii import redact_pii
+from filters.pii import published_pii, redact_pii
 from filters.stream_guard import StreamGuard
 from pipelines import followup
 from pipelines.answer_selection import AnswerSelector, Selection
@@ -252,7 +252,7 @@ class SupportChat:
     def _translated(self, reply: str) -> str:
         """The reply in Chinese, through the output filters, if the model's translation keeps its
         numbers; else the reply as it is."""
-        guard = StreamGuard(self.banned)
+        guard = StreamGuard(self.banned, allowed_pii=published_pii([reply]))
         try:
             pieces = self.client.chat_stream(translation_messages(reply), temperature=0.0,
                                              max_tokens=len(reply) // 2 + 32)
@@ -273,7 +273,8 @@ class SupportChat:
                                     embed=self.client.embed, source_vecs=vecs,
                                     span_texts=[f"{spans[i].lead} {spans[i].text}".strip() for i in chosen])
 
-        guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: verifier.check(t).ok))
+        guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: verifier.check(t).ok),
+                            allowed_pii=published_pii(sources))
         parts: list[str] = []
         messages = grounded_messages(tenant.system_prompt, selection, history, clean_text)
         try:

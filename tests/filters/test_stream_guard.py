@@ -97,3 +97,16 @@ def test_streams_that_stretch_matches_past_the_window(banned, text, pii_on, term
         for secret in ("11010519491231002X", "feit", "reviews", "ad ok"):
             if secret not in want:
                 assert secret not in got, (size, got)
+
+
+def test_published_contact_details_stay_and_others_are_redacted(banned):
+    from filters.pii import published_pii
+    source = "Write to help@shop.example or call +1 (415) 555-0100, Monday to Friday."
+    reply = "Email help@shop.example, not li.wei@example.com; our line is +1 (415) 555-0100."
+    allowed = published_pii([source])
+    assert allowed == {"help@shop.example", "+1 (415) 555-0100"}
+    for seed in range(5):
+        out, _ = run(StreamGuard(banned, allowed_pii=allowed), pieces(reply, random.Random(seed)))
+        assert out == "Email help@shop.example, not [EMAIL]; our line is +1 (415) 555-0100."
+    out, _ = run(StreamGuard(banned), [reply])
+    assert "help@shop.example" not in out and "555-0100" not in out
