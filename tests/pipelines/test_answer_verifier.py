@@ -12,14 +12,19 @@ SOURCE = ("Reschedule or cancel for free up to 48 hours before the visit. Later 
 RULES = "Answer the customer in one or two short sentences using only the facts below."
 
 
+def build(source: str, kind: str, embedder, leak: LeakFilter, names: tuple[str, ...] = ()) -> SentenceVerifier:
+    """A verifier over one passage: with its sentences embedded as the spans, or on word overlap."""
+    if kind == "words":
+        return SentenceVerifier([source], leak, names=names)
+    spans = [s if s.endswith(".") else s + "." for s in source.split(". ")]
+    return SentenceVerifier([source], leak, names=names, embed=embedder.embed, source_vecs=embedder.embed(spans),
+                            span_texts=spans)
+
+
 @pytest.fixture(params=["embeddings", "words"])
 def verifier(request, embedder):
     leak = LeakFilter([RULES, "You are the assistant of Keys & Strings."])
-    if request.param == "words":
-        return SentenceVerifier([SOURCE], leak, names=("Keys & Strings",))
-    sentences = [s + "." for s in SOURCE.split(". ")]
-    return SentenceVerifier([SOURCE], leak, names=("Keys & Strings",), embed=embedder.embed,
-                            source_vecs=embedder.embed(sentences))
+    return build(SOURCE, request.param, embedder, leak, names=("Keys & Strings",))
 
 
 @pytest.mark.parametrize("sentence", [
@@ -59,11 +64,7 @@ REFUNDS = ("Refunds always go back to the original payment method used for the o
 
 @pytest.fixture(params=["embeddings", "words"])
 def refunds(request, embedder):
-    spans = [s if s.endswith(".") else s + "." for s in REFUNDS.split(". ")]
-    if request.param == "words":
-        return SentenceVerifier([REFUNDS], LeakFilter([RULES]))
-    return SentenceVerifier([REFUNDS], LeakFilter([RULES]), embed=embedder.embed,
-                            source_vecs=embedder.embed(spans), span_texts=spans)
+    return build(REFUNDS, request.param, embedder, LeakFilter([RULES]))
 
 
 @pytest.mark.parametrize("sentence", [
@@ -104,9 +105,7 @@ def test_a_list_items_polarity_comes_with_its_lead(embedder):
 
 def test_a_range_a_count_in_words_and_a_placeholder_are_checked(embedder):
     text = "The pending charge disappears within 3-5 business days. Each item can be exchanged once."
-    spans = [s if s.endswith(".") else s + "." for s in text.split(". ")]
-    v = SentenceVerifier([text], LeakFilter([RULES]), embed=embedder.embed, source_vecs=embedder.embed(spans),
-                         span_texts=spans)
+    v = build(text, "embeddings", embedder, LeakFilter([RULES]))
     assert v.check("The pending charge disappears within 3-5 business days.").ok
     assert v.check("The pending charge will go away within 5 business days.").reason == "number 5 in another context"
     assert v.check("You can exchange an item up to seven times.").reason == "number seven"
