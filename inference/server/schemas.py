@@ -192,7 +192,7 @@ class ChatCompletionRequest(GenerationRequest):
     tools: Annotated[list[Tool] | None, Field(max_length=128)] = None
     tool_choice: Annotated[Literal["auto", "none", "required"] | NamedToolChoice | None,
                            Errors("'tool_choice' must be 'auto', 'none', 'required' or "
-                                  "{'type': 'function', 'function': {'name': ...}}")] = None
+                                  "{{'type': 'function', 'function': {{'name': ...}}}}")] = None
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")

@@ -100,6 +100,8 @@ def test_streamed_calls_reassemble(server):
 @pytest.mark.parametrize("extra, param", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {}}}, "tool_choice"),    # no name
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
