@@ -32,6 +32,7 @@ No web framework here: the pipelines parse with it too.
 """
 from __future__ import annotations
 
+import logging
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -39,6 +40,8 @@ from typing import Any, TypeVar
 
 import annotated_types
 from pydantic import BaseModel, ValidationError
+
+log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 Template = str | Callable[[Mapping[str, Any]], str]
@@ -113,7 +116,13 @@ def explain(exc: ValidationError, model: type[BaseModel], data: Any) -> InvalidR
                      "input": error.get("input"), "value": value, "got": _got(error.get("input")),
                      "type": type(error.get("input")).__name__, "label": _label(info.annotation) if info else "dict",
                      "unknown": unknown, "unknown_names": ", ".join(unknown), **_bounds(info)}
-        message = template(variables) if callable(template) else template.format(**variables)
+        try:
+            message = template(variables) if callable(template) else template.format(**variables)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            # a bug in our template (a stray "{"): still the client's 400, in pydantic's words
+            log.error("error template %r failed: %r", template, exc)
+            where = _format_loc(path)
+            message = f"{where}: {error['msg']}" if where else error["msg"]
         return InvalidRequest(message, name, marker.status or 400, marker.code)
     where = _format_loc(path)
     return InvalidRequest(f"{where}: {error['msg']}" if where else error["msg"], name)

@@ -136,3 +136,13 @@ def test_without_a_marker_pydantic_says_it_with_the_location():
     with pytest.raises(InvalidRequest) as info:
         validate(Bare, {"items": [1, "x"]})
     assert info.value.param == "items" and str(info.value).startswith("items[1]: ")
+
+
+class Loose(BaseModel):
+    mode: Annotated[Literal["a", "b"], Errors("'mode' must be 'a' or {'kind': 'b'}")] = "a"   # an unescaped brace
+
+
+def test_a_broken_error_template_still_gives_a_400_naming_the_field():
+    with pytest.raises(InvalidRequest) as err:
+        validate(Loose, {"mode": "c"})
+    assert err.value.param == "mode" and err.value.status == 400 and "mode" in str(err.value)
