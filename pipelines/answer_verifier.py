@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from filters.leakage import LeakFilter
+from pipelines.answer_spans import split_sentences
 from pipelines.knowledge_base import stem, tokenize
 from pipelines.query_translation import has_cjk
 
@@ -66,7 +67,8 @@ class SentenceVerifier:
         for m in _NUMBER.finditer(joined):
             self.numbers.setdefault(_canon(m.group(0)), []).append(_context(joined, m))
         self.counts = set(self.numbers) | {_COUNT_WORDS[w.lower()] for w in _COUNT.findall(joined)}
-        self.spans = span_texts or [t for src in sources for t in re.split(r"(?<=[.!?])\s+|\n+", src) if t.strip()]
+        self.spans = span_texts or [t for src in sources for line in src.splitlines() for t in split_sentences(line)]
+        self._span_stems: list[set[str]] | None = None     # the word path's, built on first use
         self.words = {stem(w) for w in tokenize(joined + " " + " ".join(names))}
         self.names_text = (self.text + " " + " ".join(names).lower())
         self.leak_filter, self.embed, self.source_vecs = leak_filter, embed, source_vecs
@@ -113,7 +115,10 @@ class SentenceVerifier:
             stems = [stem(w) for w in content]
             if sum(w in self.words for w in stems) / len(content) < self.min_overlap:
                 return Verdict(False, "unsupported")
-            best = max(self.spans, key=lambda t: len(set(stems) & {stem(w) for w in tokenize(t)}), default=None)
+            if self._span_stems is None:
+                self._span_stems = [{stem(w) for w in tokenize(t)} for t in self.spans]
+            ranked = [len(set(stems) & span) for span in self._span_stems]
+            best = self.spans[ranked.index(max(ranked))] if ranked else None
         if best is not None and not has_cjk(s) and _negated(s) != _negated(best):
             return Verdict(False, "polarity")
         return Verdict(True)

@@ -49,7 +49,6 @@ from pipelines.prompt import RULES, build_messages
 from pipelines.query_translation import Glossary, has_cjk
 
 log = logging.getLogger(__name__)
-_CJK = re.compile(r"[\u3400-\u9fff]")
 GROUNDED_MAX_TOKENS = 96          # a grounded reply is a sentence or two
 # the chunks of the SPAN_K sentences closest to the question (cosine >= SPAN_MIN) join the passages
 SPAN_K, SPAN_MIN = 5, 0.55
@@ -79,7 +78,7 @@ CANNED = {
 
 def canned(key: str, text: str) -> str:
     english, chinese = CANNED[key]
-    return chinese if _CJK.search(text) else english
+    return chinese if has_cjk(text) else english
 
 
 class MessageTooLong(ValueError):
