@@ -78,30 +78,22 @@ inline void scale_row(float* acc, float alpha, int64_t d) {
 
 }  // namespace
 
-// x [T, N], residual [T, N] or empty -> (RMSNorm(x + residual) * weight, x + residual). Like the
-// PyTorch path, the sum is rounded to bf16 first (it is the residual stream the next layer reads).
-std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                                        torch::Tensor weight, double eps) {
-  check_bf16(x, "x");
-  check_bf16(weight, "weight");
-  const int64_t rows = x.size(0), n = x.size(1);
-  const bool has_res = residual.has_value() && residual->defined();
-  if (has_res) check_bf16(*residual, "residual");
-  auto out = torch::empty_like(x);
-  auto sum = has_res ? torch::empty_like(x) : x;
-  const bf16* xp = bf16_data(x);
-  const bf16* rp = has_res ? bf16_data(*residual) : nullptr;
-  const bf16* wp = bf16_data(weight);
-  bf16* op = bf16_data_mut(out);
-  bf16* sp = has_res ? bf16_data_mut(sum) : nullptr;
+// x [T, N] bf16, residual [T, N] fp32, bf16 or empty -> (RMSNorm(x + residual) * weight in bf16,
+// x + residual). The sum takes the residual's dtype: the residual stream the next layer reads stays
+// fp32 from the first layer on (as llama.cpp keeps it), or is rounded to bf16 with a bf16 residual.
+static void add_rms_norm_rows(const bf16* xp, const float* rf, const bf16* rb, int64_t rows, int64_t n,
+                              const bf16* wp, double eps, bf16* op, float* sf, bf16* sb) {
   spin_pool::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> h(n);
     for (int64_t r = begin; r < end; ++r) {
       const bf16* xr = xp + r * n;
-      float ss = 0.f;
-      if (has_res) {
-        const bf16* rr = rp + r * n;
-        bf16* sr = sp + r * n;
+      if (rf) {
+        const float* rr = rf + r * n;
+        float* sr = sf + r * n;
+        for (int64_t i = 0; i < n; ++i) sr[i] = h[i] = to_f32(xr[i]) + rr[i];
+      } else if (rb) {
+        const bf16* rr = rb + r * n;
+        bf16* sr = sb + r * n;
         for (int64_t i = 0; i < n; ++i) {
           bf16 s = to_bf16(to_f32(xr[i]) + to_f32(rr[i]));
           sr[i] = s;
@@ -116,13 +108,34 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Te
       int64_t i = 0;
       for (; i + 16 <= n; i += 16)
         for (int j = 0; j < 16; ++j) part[j] = std::fma(h[i + j], h[i + j], part[j]);
-      ss = lanes::sum16(part);
+      float ss = lanes::sum16(part);
       for (; i < n; ++i) ss = std::fma(h[i], h[i], ss);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
       bf16* orow = op + r * n;
       for (int64_t i = 0; i < n; ++i) orow[i] = to_bf16(h[i] * inv * to_f32(wp[i]));
     }
   });
+}
+
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
+                                        torch::Tensor weight, double eps) {
+  check_bf16(x, "x");
+  check_bf16(weight, "weight");
+  const int64_t rows = x.size(0), n = x.size(1);
+  const bool has_res = residual.has_value() && residual->defined();
+  const bool f32_res = has_res && residual->scalar_type() == at::kFloat;
+  if (f32_res) {
+    TORCH_CHECK(residual->device().is_cpu() && residual->is_contiguous() && residual->sizes() == x.sizes(),
+                "residual: a contiguous CPU tensor of x's shape is needed");
+  } else if (has_res) {
+    check_bf16(*residual, "residual");
+  }
+  auto out = torch::empty_like(x);
+  auto sum = has_res ? torch::empty_like(*residual) : x;
+  add_rms_norm_rows(bf16_data(x), f32_res ? residual->data_ptr<float>() : nullptr,
+                    has_res && !f32_res ? bf16_data(*residual) : nullptr, rows, n, bf16_data(weight), eps,
+                    bf16_data_mut(out), f32_res ? sum.data_ptr<float>() : nullptr,
+                    has_res && !f32_res ? bf16_data_mut(sum) : nullptr);
   return {out, sum};
 }
 
@@ -344,7 +357,7 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor x, const std::vector<std:
     TORCH_CHECK(ti == t.size() && di == descs[i].size(), "layer ", i, ": tensors left over after its four linears");
     torch::Tensor h;
     if (i == 0) {
-      residual = x;
+      residual = x.to(at::kFloat);   // the residual stream stays fp32 (CpuRMSNorm does the same)
       h = add_rms_norm(x, c10::nullopt, t[0], eps)[0];
     } else {
       auto r = add_rms_norm(x, residual, t[0], eps);

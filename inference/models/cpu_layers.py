@@ -56,8 +56,11 @@ class CpuRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.dtype != torch.bfloat16 or x.dim() != 2:
             return super().forward(x, residual)
-        out, total = cpu_ops().add_rms_norm(x.contiguous(), None if residual is None else residual.contiguous(),
-                                            self.weight, self.eps)
+        if residual is not None:
+            # the residual stream is kept in fp32 from the first layer on, as llama.cpp keeps it: the
+            # embedding (bf16) widens exactly, and each layer's output is added without rounding
+            residual = residual.float().contiguous()
+        out, total = cpu_ops().add_rms_norm(x.contiguous(), residual, self.weight, self.eps)
         return out if residual is None else (out, total)
 
 

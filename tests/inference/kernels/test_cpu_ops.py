@@ -38,6 +38,23 @@ def test_add_rms_norm_matches_the_module():
     assert torch.equal(cpu_ops().add_rms_norm(x[3:4], res[3:4], norm.weight.data, 1e-5)[0], out[3:4])
 
 
+def test_an_fp32_residual_stream_is_added_without_rounding():
+    g = _gen(5)
+    weight = (torch.rand(896, generator=g) + 0.5).to(BF16)
+    x = torch.randn(5, 896, generator=g).to(BF16)
+    res = torch.randn(5, 896, generator=g) * 30 + 1e-3            # fp32 values bf16 cannot hold
+    out, total = cpu_ops().add_rms_norm(x, res, weight, 1e-6)
+    assert total.dtype == torch.float32
+    assert torch.equal(total, x.float() + res)                   # the sum stays fp32, bit for bit
+    assert not torch.equal(total, total.to(BF16).float())
+    h = x.float() + res
+    want = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.float()).to(BF16)
+    _close(out, want)
+    assert torch.equal(cpu_ops().add_rms_norm(x[2:3], res[2:3], weight, 1e-6)[0], out[2:3])
+    with pytest.raises(RuntimeError, match="residual"):
+        cpu_ops().add_rms_norm(x, res[:3].contiguous(), weight, 1e-6)
+
+
 def test_silu_mul_matches_the_module():
     x = torch.randn(5, 2 * 1536, generator=_gen(1)).to(BF16)
     _close(cpu_ops().silu_mul(x), SiluAndMul().forward(x))
