@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 import inference  # noqa: F401  (sets OMP_WAIT_POLICY; importing app loads no torch)
+from app.action_log import SqlCallLog
 from app.agent_api import bp as agent_api_bp
 from app.agent_auth import AUTH_SCHEME, init_agent_auth
 from app.agent_auth import bp as agent_auth_bp
@@ -31,6 +32,7 @@ from app.completion import bp as completion_bp
 from app.completion import init_completion
 from app.conversations import ConversationStore
 from app.db import DatabaseUnavailable, init_db
+from app.demo_orders import init_demo_orders
 from app.errors import error_response
 from app.handoffs import Handoffs
 from app.infill import bp as infill_bp
@@ -94,7 +96,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
         "store": ConversationStore(db),
         "handoffs": Handoffs(db),
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
-        "services": ChatServices(app.config, client),
+        "services": ChatServices(app.config, client, SqlCallLog(db)),
         "turn_slots": threading.BoundedSemaphore(app.config["CHAT_MAX_TURNS"]),      # app/chat.py
     }
     registry = CollectorRegistry()
@@ -115,6 +117,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.register_blueprint(agent_auth_bp)
     app.register_blueprint(agent_api_bp)
     app.register_blueprint(console_bp)
+    init_demo_orders(app)
 
     @app.get("/")
     def demo():

@@ -78,7 +78,10 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = WebSettings()
     client = client_from_env(settings.redis_url)
-    web = create_app(client=client, settings=settings)
+    own = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    # the demo tenant's actions call the order service this process serves
+    web = create_app({"ACTIONS_BASE_URL": settings.actions_base_url or f"http://{own}:{args.port}"},
+                     client=client, settings=settings)
     demo_password = _ensure_demo_agent(web) if settings.tenants_path is None else None
     mounts = {}
     primary = client.endpoints[0].client

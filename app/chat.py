@@ -6,6 +6,7 @@ key in X-Site-Key; browsers may only call from the tenant's allowed origins.
     GET  /api/chat/sessions/<id>                 -> {"messages", "status"}
     POST /api/chat/sessions/<id>/feedback        {"message_index", "rating", "comment"}
     POST /api/chat/sessions/<id>/handoff         -> {"status": "pending_human"}
+    POST /api/chat/sessions/<id>/actions/<key>   {"confirm": true|false} -> the action's reply
     (the live events, CSAT, contact and cancel routes of a handoff: app/chat_handoff.py)
 
 While a human is asked for or answering (status pending_human | human) the bot stays silent: a
@@ -38,6 +39,9 @@ from app import handoff_events
 from app.errors import PlainError, render, validate_body
 from app.schemas import (
     CHAT_STREAM,
+    ActionAnswerIn,
+    ActionPath,
+    ChatReplyOut,
     ChatTurnOut,
     Error,
     FeedbackIn,
@@ -50,6 +54,7 @@ from app.schemas import (
     error_responses,
 )
 from httpkit.openapi import documented
+from pipelines.query_translation import has_cjk
 from pipelines.support_chat import ChatReply, MessageTooLong
 
 log = logging.getLogger(__name__)
@@ -217,7 +222,7 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
             raise PlainError(413, str(exc)) from None
     history = store.messages(tid, sid)[-MAX_HISTORY:]
     asked_at = time.time()
-    events = chat.respond(g.tenant.tenant, history, clean, blocked)
+    events = chat.respond(g.tenant.tenant, history, clean, blocked, conversation_id=sid)
 
     metrics = current_app.extensions["web_metrics"]
 
@@ -226,7 +231,7 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
         # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
         flag = {"blocked": True} if reply.blocked else {}
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
-                  "degraded": reply.degraded, "grounding": reply.grounding, **flag}
+                  "degraded": reply.degraded, "grounding": reply.grounding, "action": reply.action, **flag}
         asked, index = store.append_turn(tid, sid, {"role": "user", "content": clean, **flag}, record)
         if index is None:                     # a human took the conversation while the bot wrote
             return _sent_to_agents(tid, sid, asked)
@@ -281,6 +286,31 @@ def feedback(sid: str):
                                   "comment": comment})
     current_app.extensions["web_metrics"].feedback.labels(body.rating).inc()
     return jsonify({"ok": True})
+
+
+@bp.post("/sessions/<sid>/actions/<key>")
+@documented(path=ActionPath, body=ActionAnswerIn,
+            responses={200: ChatReplyOut, **_IN_SESSION, **error_responses(Error, 409)}, tags=("chat",))
+def answer_action(sid: str, key: str):
+    """Confirm or cancel an action the assistant asked about (a reply whose action has status
+    needs_confirmation). It runs at most once: a repeated answer gets the first one's reply."""
+    tid = g.tenant.tenant.tenant_id
+    store, services = _ext()["store"], _ext()["services"]
+    _session(sid)
+    body = validate_body(ActionAnswerIn, request.get_json(silent=True))
+    if store.status(tid, sid) != "open":
+        raise PlainError(409, "the conversation is with a human agent; actions are answered there")
+    chinese = any(has_cjk(m.get("content") or "") for m in store.messages(tid, sid)[-2:] if m.get("role") == "user")
+    reply = services.chat.resolve_action(g.tenant.tenant, sid, key, body.confirm, chinese)
+    if reply is None:
+        raise PlainError(404, "no such action in this conversation")
+    record = {"role": "assistant", "content": reply.reply, "citations": [], "intent": reply.intent,
+              "action": reply.action}
+    index = store.append(tid, sid, record)
+    current_app.extensions["web_metrics"].turn(reply.intent, False, False, None, None)
+    out = {k: v for k, v in asdict(reply).items() if k != "blocked"}
+    out["message_index"] = index
+    return jsonify(out)
 
 
 @bp.post("/sessions/<sid>/handoff")

@@ -30,7 +30,7 @@ def message_view(m: Message) -> dict:
     """A message as the APIs return it."""
     return {"index": m.seq, "role": m.role, "content": m.content, "created_at": iso(m.created_at),
             "citations": list(m.citations or []), "grounding": m.grounding, "intent": m.intent,
-            "degraded": m.degraded, "blocked": m.blocked,
+            "degraded": m.degraded, "blocked": m.blocked, "action": m.action,
             "author": {"name": m.agent.name} if m.agent is not None else None}
 
 
@@ -130,7 +130,7 @@ class ConversationStore:
 
     @staticmethod
     def _extra(message: dict) -> dict:
-        extra = {k: message.get(k) for k in ("citations", "intent", "grounding", "degraded", "blocked")}
+        extra = {k: message.get(k) for k in ("citations", "intent", "grounding", "degraded", "blocked", "action")}
         return {k: v for k, v in extra.items() if v is not None}
 
     def set_summary(self, tenant: str, sid: str, summary: str) -> None:

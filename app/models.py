@@ -10,6 +10,8 @@ app/migrations/ create and change them; `python -m app db upgrade` applies them.
     handoffs      each request for a human: when asked, claimed, first answered, resolved
     feedback      thumbs on a bot reply (kind "message") and the end-of-chat rating (kind "csat")
     audit_events  who did what (logins, claims, replies, resolutions, account changes)
+    action_calls  each support-chat action (pipelines/actions.py): its idempotency key, arguments
+                  (from cleaned text), status, the endpoint's HTTP status, latency and the reply
 
 Only cleaned text (PII redacted, banned terms masked) is ever written here. Times are UTC.
 """
@@ -21,6 +23,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -109,6 +112,7 @@ class Message(Base):
     degraded: Mapped[bool] = mapped_column(Boolean, default=False)
     blocked: Mapped[bool] = mapped_column(Boolean, default=False)
     agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
+    action: Mapped[dict | None] = mapped_column(JSON, nullable=True)        # the bot reply's action, if any
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     agent: Mapped[Agent | None] = relationship(lazy="joined")
     __table_args__ = (UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),)
@@ -148,3 +152,23 @@ class AuditEvent(Base):
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     __table_args__ = (Index("ix_audit_tenant_created", "tenant_id", "created_at"),)
+
+
+ACTION_STATUSES = ("awaiting_confirmation", "running", "succeeded", "failed", "timeout", "unreachable", "declined")
+
+
+class ActionCall(Base):
+    __tablename__ = "action_calls"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)           # the idempotency key
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    conversation_id: Mapped[str | None] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"),
+                                                        nullable=True, index=True)
+    action: Mapped[str] = mapped_column(String(64))
+    arguments: Mapped[dict] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(24))
+    http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reply: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    __table_args__ = (Index("ix_action_calls_tenant_created", "tenant_id", "created_at"),)

@@ -85,6 +85,27 @@ class Author(BaseModel):
     name: str
 
 
+class ActionOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = Field(None, description="the call's idempotency key (POST .../actions/<id> answers a "
+                                             "confirmation)")
+    name: str = Field(description="the tenant's action (configs/actions/)")
+    status: Literal["needs_input", "needs_confirmation", "running", "succeeded", "failed", "timeout",
+                    "unreachable", "declined"]
+    arguments: dict[str, Any] | None = None
+    missing: str | None = Field(None, description="the parameter asked for (status needs_input)")
+
+
+class ActionPath(BaseModel):
+    sid: str = Field(description="a session id from POST /api/chat/sessions (unknown or expired: 404)")
+    key: str = Field(description="the action's id from the reply that asked to confirm it")
+
+
+class ActionAnswerIn(_In):
+    confirm: Annotated[bool, Field(description="true: go ahead; false: cancel"),
+                       Errors("confirm: must be true or false")]
+
+
 class StoredMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     index: int
@@ -96,6 +117,7 @@ class StoredMessage(BaseModel):
     grounding: str | None = None
     degraded: bool | None = None
     blocked: bool | None = None
+    action: ActionOut | None = Field(None, description="the action a bot reply took or asks about")
     author: Author | None = Field(None, description="the agent who wrote it (role agent)")
 
 
@@ -172,7 +194,9 @@ class ChatReplyOut(BaseModel):
     grounding: Literal["quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified",
                        "free"] | None = Field(
         None, description="how the reply is grounded in the help centre (null for canned replies: handoff, "
-                          "greeting, refusals, degraded excerpts)")
+                          "greeting, refusals, degraded excerpts, actions)")
+    action: ActionOut | None = Field(None, description="the action this reply took, or asks a parameter or a "
+                                                       "confirmation for")
     message_index: int
 
 

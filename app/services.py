@@ -22,6 +22,7 @@ import time
 
 from filters.banned_words import BannedWordFilter
 from filters.pii import redact_pii
+from pipelines.actions import ActionRunner, CallLog
 from pipelines.inference_client import InferenceClient
 from pipelines.intent import IntentDetector, load_intents
 from pipelines.knowledge_base import KnowledgeBase
@@ -32,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 class ChatServices:
-    def __init__(self, config: dict, client: InferenceClient | None = None):
+    def __init__(self, config: dict, client: InferenceClient | None = None, call_log: CallLog | None = None):
         self.config = config
+        self.call_log = call_log                      # where support-chat actions are recorded
         self._client = client
         self._full: SupportChat | None = None
         self._lexical: SupportChat | None = None
@@ -91,8 +93,10 @@ class ChatServices:
                            on_index=self.check_articles)
         detector = IntentDetector(load_intents(self.config.get("INTENTS_PATH")), embed,
                                   cache_dir=kb.cache_dir if embed is not None else None)
+        runner = ActionRunner(self.call_log, self.config["ACTIONS_BASE_URL"]) if self.call_log is not None else None
         return SupportChat(self.client, detector, kb, self.banned, temperature=self.config["CHAT_TEMPERATURE"],
-                           max_tokens=self.config["CHAT_MAX_TOKENS"], prompt_budget=self.config["CHAT_PROMPT_BUDGET"])
+                           max_tokens=self.config["CHAT_MAX_TOKENS"], prompt_budget=self.config["CHAT_PROMPT_BUDGET"],
+                           action_runner=runner)
 
     def lexical(self) -> SupportChat:
         """The pipeline that needs no embeddings (built on first use; a bad intents or KB file

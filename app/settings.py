@@ -40,6 +40,9 @@ class WebSettings(BaseSettings):
     intents_path: str | None = None
     banned_words_path: str | None = None
     tenants_path: str | None = None
+    demo_orders_path: str | None = None                     # the demo order service's seed (app/demo_orders.py)
+    # where an action's {base} points (pipelines/actions.py): default, this app on WEB_BIND's port
+    actions_base_url: str | None = None
     # support chat generation and admission
     chat_temperature: float = Field(0.7, ge=0)
     chat_max_tokens: int = Field(512, gt=0)
@@ -75,6 +78,8 @@ class WebSettings(BaseSettings):
             "AGENT_LOGIN_LIMIT": self.agent_login_limit,
             "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "INTENTS_PATH": self.intents_path,
             "BANNED_WORDS_PATH": self.banned_words_path, "TENANTS_PATH": self.tenants_path,
+            "DEMO_ORDERS_PATH": self.demo_orders_path,
+            "ACTIONS_BASE_URL": self.actions_base_url or f"http://127.0.0.1:{self.web_bind.rsplit(':', 1)[-1]}",
             "CHAT_TEMPERATURE": self.chat_temperature, "CHAT_MAX_TOKENS": self.chat_max_tokens,
             "CHAT_PROMPT_BUDGET": self.chat_prompt_budget, "CHAT_BUILD_WAIT_S": self.chat_build_wait_s,
             "CHAT_REBUILD_MAX_S": self.chat_rebuild_max_s, "CHAT_MAX_TURNS": self.chat_max_turns,

@@ -1,6 +1,7 @@
-"""Tenants: site keys, allowed widget origins, per-tenant prompts and hashed API keys, from
-configs/tenants.yaml. API keys are never stored: only `sha256:<hex>` of each, compared in
-constant time against the hash of the key a request presents."""
+"""Tenants: site keys, allowed widget origins, per-tenant prompts, hashed API keys and the actions
+file a tenant names (`actions:`, pipelines/actions.py), from configs/tenants.yaml. API keys are
+never stored: only `sha256:<hex>` of each, compared in constant time against the hash of the key
+a request presents."""
 from __future__ import annotations
 
 import fnmatch
@@ -9,8 +10,10 @@ import hmac
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from configs import read_yaml, shipped
+from pipelines.actions import load_actions
 from pipelines.grounded_answer import ANSWER_MODES
 from pipelines.support_chat import Tenant
 
@@ -23,6 +26,14 @@ _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 def hash_api_key(key: str) -> str:
     """What tenants.yaml stores for an API key."""
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _beside(tenants_file: Path, name: str) -> Path:
+    """A file a tenant names: absolute, beside the tenants file, or shipped under configs/."""
+    path = Path(name)
+    if path.is_absolute():
+        return path
+    return tenants_file.parent / path if (tenants_file.parent / path).exists() else shipped(name)
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,9 @@ class TenantRegistry:
             if bad:
                 raise ValueError(f"tenants: {tid!r} api_keys must be 'sha256:<64 hex>' hashes (python -m app "
                                  f"hash-key KEY), not keys; got {len(bad)} other value(s)")
+            actions = load_actions(_beside(path, spec["actions"])) if spec.get("actions") else ()
             self.tenants.append(TenantConfig(
-                Tenant(str(tid), spec.get("name", str(tid)), spec["system_prompt"], policy, mode),
+                Tenant(str(tid), spec.get("name", str(tid)), spec["system_prompt"], policy, mode, actions),
                 str(spec["site_key"]), tuple(spec.get("allowed_origins") or ()), hashes))
         if not self.tenants:
             raise ValueError(f"tenants: {path} defines no tenants")

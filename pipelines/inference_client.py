@@ -38,6 +38,12 @@ class InferenceClient(Protocol):
                     max_tokens: int = 512) -> Iterator[str]:
         """The assistant's reply to `messages`, as text pieces while it is generated."""
 
+    def call_tool(self, messages: list[dict], tools: list[dict], name: str | None = None,
+                  max_tokens: int = 160) -> tuple[str, dict] | None:
+        """The model's call to one of `tools` (OpenAI function definitions; to `name` if given),
+        held to the tools' parameter schemas by the grammar: (tool name, arguments), or None
+        when its answer holds no call."""
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """[N, dim] float32 unit vectors."""
 
@@ -147,6 +153,29 @@ class InProcessClient:
             if not stream.finished:
                 stream.abort()              # the caller stopped reading: free the KV blocks now
 
+    def call_tool(self, messages, tools, name=None, max_tokens=160) -> tuple[str, dict] | None:
+        from inference.sampling_params import SamplingParams, StructuredOutputsParams
+        from inference.server.tool_calls import call_grammar
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                structured_outputs=StructuredOutputsParams(grammar=call_grammar(tools, name)))
+        try:
+            ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+            stream = self.engine.add_request({"prompt_token_ids": ids}, params)
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from exc
+        except RuntimeError as exc:
+            raise InferenceError(str(exc)) from exc
+        parts = []
+        try:
+            for delta in _deltas(stream, self.first_token_s, self.total_s):
+                if delta.error:
+                    raise InferenceError(delta.error)
+                parts.append(delta.text or "")
+        finally:
+            if not stream.finished:
+                stream.abort()
+        return first_call("".join(parts), tools)
+
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
                         request_id=None, top_k=-1, cache_reuse=0) -> Iterator[str]:
         from inference.sampling_params import SamplingParams
@@ -207,6 +236,21 @@ class InProcessClient:
             self._engine.shutdown()
 
 
+def first_call(text: str, tools: list[dict]) -> tuple[str, dict] | None:
+    """The first well-formed call in a model's answer to one of `tools`: (name, arguments)."""
+    from inference.server.tool_calls import parse_calls
+    names = {t["function"]["name"] for t in tools}
+    for call in parse_calls(text, names)[1]:
+        fn = call["function"]
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            continue
+        if fn["name"] in names and isinstance(args, dict):
+            return fn["name"], args
+    return None
+
+
 SMALL_EMBED = 8            # texts: a chat turn's embedding call, answered in milliseconds
 
 
@@ -253,6 +297,21 @@ class HttpClient:
                 text = (choice.get("delta") or {}).get("content")
                 if text:
                     yield text
+
+    def call_tool(self, messages, tools, name=None, max_tokens=160) -> tuple[str, dict] | None:
+        choice = {"type": "function", "function": {"name": name}} if name else "required"
+        body = {"model": self._served_model(), "messages": messages, "tools": tools, "tool_choice": choice,
+                "temperature": 0.0, "max_tokens": max_tokens}
+        message = ((self._post("/v1/chat/completions", body).json().get("choices") or [{}])[0].get("message") or {})
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+            except ValueError:
+                continue
+            if isinstance(args, dict) and isinstance(fn.get("name"), str):
+                return fn["name"], args
+        return None
 
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
                         request_id=None, top_k=-1, cache_reuse=0) -> Iterator[str]:

@@ -225,6 +225,9 @@ class FallbackClient:
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._call("embed", texts)
 
+    def call_tool(self, messages, tools, name=None, max_tokens=160):
+        return self._call("call_tool", messages, tools, name, max_tokens)
+
     def count_tokens(self, text: str) -> int:
         return self._call("count_tokens", text)
 

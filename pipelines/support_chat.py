@@ -1,7 +1,8 @@
 """The support-chat pipeline for one turn:
 
     message -> input compliance (PII redacted, banned terms blocked or masked, injection refused)
-            -> intent (embedding) -> handoff / clarify shortcuts
+            -> intent (embedding) -> an action of the tenant's (pipelines.chat_actions), if one fits
+            -> handoff / clarify shortcuts
             -> follow-up resolved with the previous question; Chinese read through the glossary
             -> knowledge-base search -> answer selection (pipelines.answer_selection)
             -> nothing answers it: say so, offer a human; two articles disagree: ask which
@@ -31,8 +32,10 @@ from filters.leakage import LeakFilter, strip_markers
 from filters.pii import published_pii, redact_pii
 from filters.stream_guard import StreamGuard
 from pipelines import followup
+from pipelines.actions import ActionRunner, ActionSpec
 from pipelines.answer_selection import AnswerSelector, Selection
 from pipelines.answer_verifier import SentenceVerifier
+from pipelines.chat_actions import ChatActions, answers_confirmation
 from pipelines.grounded_answer import (
     GROUNDED_RULES,
     clarifying_question,
@@ -95,6 +98,7 @@ class ChatReply:
     degraded: bool = False
     blocked: str | None = None                                # why the input was refused, if it was
     grounding: str | None = None                              # pipelines.grounded_answer.OUTCOMES, if answered
+    action: dict | None = None                                # the action this reply took or asks about
 
 
 @dataclass
@@ -104,18 +108,20 @@ class Tenant:
     system_prompt: str
     banned_input_policy: str = "block"                        # block | mask
     answer_mode: str = "extractive"                           # pipelines.grounded_answer.ANSWER_MODES
+    actions: tuple[ActionSpec, ...] = ()                      # what the assistant may do (pipelines.actions)
 
 
 class SupportChat:
     def __init__(self, client: InferenceClient, detector: IntentDetector, kb: KnowledgeBase,
                  banned: BannedWordFilter, temperature: float = 0.7, max_tokens: int = 512,
                  prompt_budget: int = 1400, top_k: int = 5, glossary: Glossary | None = None,
-                 selector: AnswerSelector | None = None):
+                 selector: AnswerSelector | None = None, action_runner: ActionRunner | None = None):
         self.client, self.detector, self.kb, self.banned = client, detector, kb, banned
         self.temperature, self.max_tokens, self.prompt_budget, self.top_k = (
             temperature, max_tokens, prompt_budget, top_k)
         self.glossary = glossary or Glossary()
         self.selector = selector or AnswerSelector(kb)
+        self.actions = ChatActions(client, action_runner, self._translated) if action_runner is not None else None
 
     def clean_input(self, text: str, tenant: Tenant) -> tuple[str, str | None]:
         """(text with PII redacted and, under the mask policy, banned terms masked; why it is
@@ -142,8 +148,9 @@ class SupportChat:
             raise MessageTooLong(f"content: too long for the model's context (at most about {budget} tokens)")
 
     def respond(self, tenant: Tenant, history: list[dict], clean_text: str,
-                blocked: str | None = None) -> Iterator[tuple[str, object]]:
-        """One turn for an already cleaned message (see clean_input)."""
+                blocked: str | None = None, conversation_id: str | None = None) -> Iterator[tuple[str, object]]:
+        """One turn for an already cleaned message (see clean_input). `conversation_id`: where an
+        action's call is recorded."""
         if blocked is not None:
             reply = canned("blocked" if blocked == "banned_words" else "injection", clean_text)
             yield from self._canned(reply, ChatReply(reply, "blocked", 1.0, blocked=blocked))
@@ -162,6 +169,15 @@ class SupportChat:
             yield from self._respond_lexical(clean_text)
             return
         intent = self.detector.classify(qvec, clean_text)
+        # a yes or no to the bot's "Shall I ...?" is that answer, whatever the intent reads in it
+        if self.actions is not None and tenant.actions and (
+                intent.intent != "human_agent" or answers_confirmation(history, clean_text)):
+            acted = self.actions.turn(tenant.tenant_id, tenant.actions, intent.intent, history, clean_text,
+                                      conversation_id, has_cjk(clean_text))
+            if acted is not None:
+                yield from self._canned(acted.reply, ChatReply(acted.reply, intent.intent, intent.confidence,
+                                                               action=acted.action))
+                return
         mode = tenant.answer_mode
         # "what are your agents' hours?" asks about the human side: answered when the help centre can
         wants_human = intent.intent == "human_agent"
@@ -210,6 +226,18 @@ class SupportChat:
                                                      grounding="quoted"))
             return
         yield from self._generate_grounded(tenant, history, clean_text, selection, intent, citations)
+
+    def resolve_action(self, tenant: Tenant, conversation_id: str, key: str, confirm: bool,
+                       chinese: bool = False) -> ChatReply | None:
+        """The customer's Confirm / Cancel on an action this conversation asked about (None: not
+        its action, or actions are off)."""
+        if self.actions is None:
+            return None
+        acted = self.actions.resolve(tenant.tenant_id, tenant.actions, conversation_id, key, confirm, chinese)
+        if acted is None:
+            return None
+        reply = self.banned.mask(acted.reply)[0]
+        return ChatReply(reply, "action", 1.0, action=acted.action)
 
     def _nothing_found(self, text: str, intent: IntentResult) -> Iterator[tuple[str, object]]:
         """Nothing relevant: ask what it is about when even the intent is unsure, else say so."""

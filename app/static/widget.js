@@ -54,6 +54,7 @@
       handoffFailed: "Sorry, we couldn't reach a human agent right now. Please try again.",
       helpful: "Helpful", notHelpful: "Not helpful", thanks: "Thanks",
       feedbackFailed: "Couldn't send feedback", sources: "Sources",
+      confirm: "Confirm", cancel: "Cancel", actionFailed: "Couldn't send your answer. Please try again.",
       degraded: "Limited mode", degradedTitle: "The assistant is running in limited mode; answers may be less complete.",
       error: "Sorry, something went wrong.", network: "Connection problem. Please check your network.",
       interrupted: "The reply was interrupted.", retry: "Retry", retryAria: "Resend your last message",
@@ -80,6 +81,7 @@
       handoffFailed: "抱歉,暂时无法转接人工客服,请稍后再试。",
       helpful: "有帮助", notHelpful: "没有帮助", thanks: "谢谢",
       feedbackFailed: "反馈发送失败", sources: "参考资料",
+      confirm: "确认", cancel: "取消", actionFailed: "发送失败，请重试。",
       degraded: "有限模式", degradedTitle: "服务当前处于有限模式,回答可能不够完整。",
       error: "抱歉,出现了问题。", network: "网络连接出现问题,请检查网络。",
       interrupted: "回复中断了。", retry: "重试", retryAria: "重新发送上一条消息",
@@ -557,6 +559,10 @@
         }
         if (typeof info.index === "number" && isFinite(info.index)) meta.appendChild(feedbackBar(info.index));
         if (meta.childNodes.length) bubble.appendChild(meta);
+        const action = info.action;
+        if (action && action.status === "needs_confirmation" && typeof action.id === "string") {
+          bubble.appendChild(actionBar(action.id));
+        }
         scrollToBottom(stick);
       },
     };
@@ -582,6 +588,34 @@
         return h("li", null, [el]);
       })),
     ]);
+  }
+
+  /** Confirm / Cancel for an action the assistant asked about; the answer's reply is a new bubble. */
+  function actionBar(id) {
+    const status = h("span", { class: "nw-thanks", "aria-live": "polite" });
+    const button = (confirm) => h("button", {
+      type: "button", class: "nw-action" + (confirm ? " nw-action-confirm" : ""),
+      "data-testid": confirm ? "nw-action-confirm" : "nw-action-cancel",
+      text: t(confirm ? "confirm" : "cancel"), onclick: () => answer(confirm),
+    });
+    const yes = button(true), no = button(false);
+    const bar = h("div", { class: "nw-actions", "data-testid": "nw-action" }, [yes, no, status]);
+    async function answer(confirm) {
+      yes.disabled = no.disabled = true;
+      status.textContent = "";
+      try {
+        const d = await api("POST", sessionPath("/actions/" + encodeURIComponent(id)), { confirm: confirm });
+        bar.remove();
+        if (typeof d.message_index === "number") state.seen[d.message_index] = true;
+        const view = addAssistantMessage();
+        view.setText(String(d.reply || ""));
+        view.finish({ citations: d.citations, index: d.message_index, degraded: false, action: d.action });
+      } catch (e) { // let the customer answer again: the server runs the action at most once
+        yes.disabled = no.disabled = false;
+        status.textContent = t("actionFailed");
+      }
+    }
+    return bar;
   }
 
   function feedbackBar(index) {
@@ -913,7 +947,7 @@
             if (!view) view = addAssistantMessage();
             // The final reply is authoritative (the server may have redacted streamed text).
             view.setText(typeof d.reply === "string" && d.reply ? d.reply : streamed);
-            view.finish({ citations: d.citations, index: d.message_index, degraded: !!d.degraded });
+            view.finish({ citations: d.citations, index: d.message_index, degraded: !!d.degraded, action: d.action });
             if (d.handoff) applyStatus({ status: d.status || "pending_human", waiting: d.waiting });
           },
         });
@@ -953,7 +987,8 @@
       return; // other failures: keep the id, the next send will still try it
     }
     let author = null;
-    (data.messages || []).forEach((m, i) => {
+    const messages = data.messages || [];
+    messages.forEach((m, i) => {
       if (!m) return;
       const index = msgIndex(m, i);
       state.seen[index] = true;
@@ -961,7 +996,9 @@
       if (m.role === "agent") { author = m.author || author; addAgentMessage(m); return; }
       const view = addAssistantMessage(m.role);
       view.setText(String(m.content || ""));
-      view.finish({ citations: m.citations, index: m.role === "assistant" ? index : null, degraded: !!m.degraded });
+      // a confirmation still open only if nothing came after it
+      view.finish({ citations: m.citations, index: m.role === "assistant" ? index : null, degraded: !!m.degraded,
+                    action: i === messages.length - 1 ? m.action : null });
     });
     if (data.status === "pending_human" || data.status === "human") {
       if (data.status === "human") state.joined = agentName(data.assignee || author);   // joined before the reload

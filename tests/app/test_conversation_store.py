@@ -204,10 +204,12 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db = Database(url)
         assert db.current() is None
         db.upgrade()
-        assert db.current() == "0002"
+        assert db.current() == "0003"
         assert {"agents", "agent_sessions", "conversations", "messages", "handoffs", "feedback",
-                "audit_events"} <= set(db.table_names())
-        db.downgrade("0001")                              # one step back: the sessions table goes
+                "audit_events", "action_calls"} <= set(db.table_names())
+        db.downgrade("0002")                              # one step back: the action calls go
+        assert db.current() == "0002" and "action_calls" not in db.table_names()
+        db.downgrade("0001")                              # and the sessions table
         assert db.current() == "0001" and "agent_sessions" not in db.table_names()
         db.upgrade()
         db.upgrade()                                      # again: nothing to do
