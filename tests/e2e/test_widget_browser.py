@@ -9,21 +9,20 @@ reply, ask for a human, and check the stored session through the API.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import requests
 
 from tests.helpers.app_server import app_env, serving
+from tests.helpers.browser import chromium_page, needs_chromium
 
-CHROMIUM = "/usr/bin/chromium"
 SITE_KEY = "demo-site-key"
 KEY = {"X-Site-Key": SITE_KEY}
 STORE_KEY = f"nw-chat:{SITE_KEY}:session"          # widget.js: "nw-chat:" + siteKey + ":session"
 QUESTION = "How long do refunds take?"
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM}")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -36,24 +35,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(server):
-    from playwright.sync_api import sync_playwright
-    pw = sync_playwright().start()
-    browser = None
-    try:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, timeout=30_000, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run"])
-        context = browser.new_context(base_url=server, locale="en-US")
-        context.set_default_timeout(15_000)
-        context.set_default_navigation_timeout(15_000)
-        pg = context.new_page()
-        errors: list[str] = []
-        pg.on("pageerror", lambda exc: errors.append(str(exc)))
-        yield pg, errors
-    finally:
-        if browser is not None:
-            browser.close()
-        pw.stop()
+    with chromium_page(server) as pg:
+        yield pg
 
 
 # Records every change the widget makes to its shadow DOM, in order. MutationObserver sees each
