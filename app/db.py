@@ -129,6 +129,15 @@ class Database:
         self.engine.dispose()
 
 
+def head_revision() -> str:
+    """The newest migration in app/migrations/, the one `upgrade()` reaches."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
 def init_db(app) -> Database:
     """The app's database (app.extensions["db"]), migrated unless DB_AUTO_MIGRATE is off."""
     db = Database(app.config.get("DATABASE_URL") or default_url(app.instance_path))
