@@ -208,6 +208,13 @@ def _distinct(value: Any) -> Any:
     return out
 
 
+def _grounded_part(value: Any, said: str) -> Any:
+    """A list keeps the elements the customer wrote (the model may add one they did not name)."""
+    if isinstance(value, list):
+        return [v for v in value if grounded(v, said)]
+    return value
+
+
 def _valid(spec: ActionSpec, name: str, value: Any) -> bool:
     schema = spec.parameters["properties"].get(name)
     if not isinstance(schema, dict):
@@ -254,7 +261,7 @@ def plan(call_tool: Callable[[list[dict], list[dict], str | None], tuple[str, di
         spec = next(s for s in candidates if s.name == called[0])
         raw = called[1]
     args = dict(pending.get("arguments") or {}) if pending is not None else {}
-    raw = {k: _distinct(v) for k, v in raw.items()}
+    raw = {k: _grounded_part(_distinct(v), said) for k, v in raw.items()}
     args.update({k: v for k, v in raw.items() if grounded(v, said) and _valid(spec, k, v)})
     missing = [p for p in spec.required if p not in args]
     if pending is None and len(missing) == len(spec.required) and spec.required and not _OWN.search(text):

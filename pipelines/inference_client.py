@@ -154,12 +154,47 @@ class InProcessClient:
                 stream.abort()              # the caller stopped reading: free the KV blocks now
 
     def call_tool(self, messages, tools, name=None, max_tokens=160) -> tuple[str, dict] | None:
-        from inference.sampling_params import SamplingParams, StructuredOutputsParams
-        from inference.server.tool_calls import call_grammar
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                structured_outputs=StructuredOutputsParams(grammar=call_grammar(tools, name)))
+        """The call's fixed text is written into the prompt, not decoded: the model chooses the
+        tool's name (a choice among the names, when there are several), then writes only the
+        arguments object under its schema. Against decoding the whole tagged call under one
+        grammar, that is ~half the decode steps (each forced token still cost a step)."""
+        from inference.sampling_params import StructuredOutputsParams
+        from inference.server.tool_calls import OPEN
         try:
-            ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+            tok = self.engine.tokenizer
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        except RuntimeError as exc:
+            raise InferenceError(str(exc)) from exc
+        lead = tok.encode("")                         # what encode() puts first (a BOS), to drop
+
+        def then(text: str) -> list[int]:
+            more = tok.encode(text)
+            return ids + (more[len(lead):] if more[:len(lead)] == lead else more)
+
+        names = [t["function"]["name"] for t in tools]
+        head = f'{OPEN}\n{{"name": "'
+        if name is None and len(names) == 1:
+            name = names[0]
+        if name is None:
+            picked = self._constrained(then(head), StructuredOutputsParams(choice=[f'{n}"' for n in names]), 32)
+            name = picked[:-1]
+        if name not in names:
+            return None
+        params = next(t for t in tools if t["function"]["name"] == name)["function"].get("parameters") \
+            or {"type": "object"}
+        text = self._constrained(then(f'{head}{name}", "arguments":'), StructuredOutputsParams(json=params),
+                                 max_tokens)
+        try:
+            args = json.loads(text)
+        except ValueError:                            # cut at max_tokens
+            return None
+        return (name, args) if isinstance(args, dict) else None
+
+    def _constrained(self, ids: list[int], structured, max_tokens: int) -> str:
+        """Greedy text after `ids`, held to `structured` (StructuredOutputsParams)."""
+        from inference.sampling_params import SamplingParams
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=structured)
+        try:
             stream = self.engine.add_request({"prompt_token_ids": ids}, params)
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
@@ -174,7 +209,7 @@ class InProcessClient:
         finally:
             if not stream.finished:
                 stream.abort()
-        return first_call("".join(parts), tools)
+        return "".join(parts)
 
     def complete_stream(self, prompt, *, max_tokens, temperature, top_p, stop, seed=None,
                         request_id=None, top_k=-1, cache_reuse=0) -> Iterator[str]:
@@ -234,21 +269,6 @@ class InProcessClient:
     def close(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
-
-
-def first_call(text: str, tools: list[dict]) -> tuple[str, dict] | None:
-    """The first well-formed call in a model's answer to one of `tools`: (name, arguments)."""
-    from inference.server.tool_calls import parse_calls
-    names = {t["function"]["name"] for t in tools}
-    for call in parse_calls(text, names)[1]:
-        fn = call["function"]
-        try:
-            args = json.loads(fn["arguments"])
-        except ValueError:
-            continue
-        if fn["name"] in names and isinstance(args, dict):
-            return fn["name"], args
-    return None
 
 
 SMALL_EMBED = 8            # texts: a chat turn's embedding call, answered in milliseconds

@@ -96,6 +96,12 @@ def test_plan_reads_an_answer_to_its_question_and_finds_patterns_without_the_mod
     p = plan(call_tool, SPECS, "refund", [], "I want to return the blender and the jug from NW-3108842")
     assert p.arguments == {"order_id": "NW-3108842", "items": ["Blender", "jug"]}      # repeats dropped
 
+    call_tool, _ = _model(("start_return", {"order_id": "NW-3108842", "items": ["Blender", "Slicer", "Blender"]}))
+    p = plan(call_tool, SPECS, "refund", [], "I want to return the blender from order NW-3108842")
+    assert p.arguments == {"order_id": "NW-3108842", "items": ["Blender"]}             # an item never named goes
+    call_tool, _ = _model(("start_return", {"order_id": "NW-3108842", "items": ["Slicer"]}))
+    assert plan(call_tool, SPECS, "refund", [], "return order NW-3108842").missing == ["items"]
+
     call_tool, _ = _model(InferenceError("engine down"))
     p = plan(call_tool, SPECS, "order_status", [], "status of NW-3108842 please")
     assert p.spec.name == "get_order_status" and p.arguments == {"order_id": "NW-3108842"}
