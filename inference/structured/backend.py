@@ -40,6 +40,9 @@ def apply_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> None
     bitmask = states[rows[0]].backend.allocate_bitmask(len(rows))
     for j, i in enumerate(rows):
         states[i].fill_mask(bitmask, j)
+    if logits.device.type == "cuda":
+        apply_bitmask_on_device(logits, bitmask, rows)
+        return
     vocab = logits.shape[-1]
     # bit t of a row = token t allowed: unpacked little-endian (2x faster than shifting in torch)
     bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
@@ -49,6 +52,20 @@ def apply_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> None
         return
     index = torch.tensor(rows, device=logits.device)
     logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(blocked, float("-inf")))
+
+
+def apply_bitmask_on_device(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """apply_masks on the logits' device: the packed bitmask (4 bytes per 32 tokens, ~19 KB a
+    row at a 152k vocabulary) is what crosses from the host, and xgrammar's kernel sets the
+    blocked logits to -inf in place, row `rows[j]` of the logits from row j of the bitmask."""
+    import xgrammar as xgr
+    words = bitmask.to(logits.device, non_blocking=True)
+    if len(rows) == logits.shape[0]:
+        xgr.apply_token_bitmask_inplace(logits, words, vocab_size=logits.shape[-1])
+        return
+    full = torch.full((logits.shape[0], words.shape[1]), -1, dtype=words.dtype, device=logits.device)
+    full[torch.tensor(rows, device=logits.device)] = words        # -1: every bit set, the row unmasked
+    xgr.apply_token_bitmask_inplace(logits, full, vocab_size=logits.shape[-1])
 
 
 def grammar_backend(tokenizer, vocab_size: int, end_ids: list[int]) -> GrammarBackend:

@@ -46,3 +46,36 @@ def test_outputs_match_their_constraint(llm_fp32):
     with pytest.raises(ValueError, match="structured_outputs.regex"):
         llm_fp32.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(regex="[")), use_tqdm=False)
     assert_all_blocks_free(llm_fp32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_device_bitmask_path_blocks_what_the_host_path_blocks(llm_fp32, device):
+    """On CUDA the packed bitmask crosses to the device and xgrammar's kernel applies it; here it
+    is run on CPU tensors too, against the host path (numpy), over all rows and over some."""
+    import torch
+
+    from inference.structured.backend import apply_bitmask_on_device, apply_masks
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    backend = llm_fp32.engine.new_grammar_backend()
+    grammar = backend.compile(StructuredOutputsParams(choice=["red", "green", "blue"]))
+    states = [grammar.new_state(), grammar.new_state(), grammar.new_state()]
+    one = backend.allocate_bitmask(1)
+    states[2].fill_mask(one, 0)
+    allowed = [t for t in range(32 * one.shape[1]) if (int(one[0, t // 32]) >> (t % 32)) & 1]
+    assert states[2].try_accept(allowed[-1])                     # row 2 one token in: another mask
+    logits = torch.randn(3, llm_fp32.engine.arch.vocab_size, generator=torch.Generator().manual_seed(3))
+    for rows in ([0, 1, 2], [0, 2]):
+        use = [states[i] if i in rows else None for i in range(3)]
+        want = logits.clone()
+        apply_masks(want, use)                                   # CPU logits: the numpy path
+        got = logits.clone().to(device)
+        picked = [i for i in rows if use[i] is not None]
+        bitmask = backend.allocate_bitmask(len(picked))
+        for j, i in enumerate(picked):
+            use[i].fill_mask(bitmask, j)
+        apply_bitmask_on_device(got, bitmask, picked)
+        assert torch.equal(got.cpu().isinf(), want.isinf()) and torch.equal(got.cpu(), want)
+        assert (want[1].isinf().sum() == 0) == (rows == [0, 2]) and 0 < (~want[0].isinf()).sum() < 40
+        assert not torch.equal(want[0].isinf(), want[2].isinf())
