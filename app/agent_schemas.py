@@ -15,7 +15,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.schemas import BODY
+from app.schemas import BODY, ActionOut
 from httpkit.openapi import Stream
 from httpkit.validation import Errors, InvalidRequest
 
@@ -113,6 +113,7 @@ class MessageView(BaseModel):
     intent: str | None
     degraded: bool
     blocked: bool
+    action: ActionOut | None = Field(None, description="the support-chat action the reply is about (docs/actions.md)")
     author: AgentView | None = Field(description="the agent who wrote it (role agent)")
 
 

@@ -143,6 +143,12 @@ function messageNode(m) {
   if (role === "assistant" && m.grounding) {
     li.appendChild(h("span", { class: "tag", text: t("grounding", { value: String(m.grounding) }) }));
   }
+  const act = m.action;
+  if (role === "assistant" && act && typeof act.name === "string") {
+    const args = act.arguments && typeof act.arguments === "object" ? JSON.stringify(act.arguments) : "";
+    li.appendChild(h("span", { class: "tag", "data-testid": "message-action", title: args,
+      text: t("action", { name: act.name, status: String(act.status) }) }));
+  }
   return li;
 }
 

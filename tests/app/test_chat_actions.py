@@ -51,6 +51,12 @@ def test_a_status_question_is_answered_from_the_order_system(served):
     calls = app.extensions["support_chat"]["services"].call_log.for_conversation("demo", sid)
     assert [(c["action"], c["arguments"], c["status"], c["http_status"]) for c in calls] == \
         [("get_order_status", {"order_id": "NW-4417302"}, "succeeded", 200)]
+    agent = app.test_client()                                      # the agent sees what the bot did
+    app.extensions["agent_accounts"].add("demo", "ana@northwind.test", "correct horse battery", name="Ana")
+    assert agent.post("/api/agent/login", json={"email": "ana@northwind.test",
+                                                "password": "correct horse battery"}).status_code == 200
+    shown = agent.get(f"/api/agent/conversations/{sid}").get_json()["messages"][-1]["action"]
+    assert shown["name"] == "get_order_status" and shown["status"] == "succeeded"
 
 
 def test_a_missing_order_number_is_asked_for_and_a_general_question_stays_with_the_help_centre(served):
