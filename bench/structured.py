@@ -7,8 +7,15 @@ Throughput: the same prompts and max_tokens, greedy; unconstrained rows run to m
 enough to take most of max_tokens); tokens/s = output tokens / wall, median of --reps. Compile:
 each schema on a fresh backend (no cache), then again (the cache).
 
-    python -m bench.structured [--model qwen2.5-coder-0.5b] [--reps 3] [--max-tokens 96]
+Validity: every schema of the bench, at temperature 0 and 1, a batch of --batches' largest size
+each, checked with jsonschema; every constrained output of the throughput rows is checked too.
 
+    python -m bench.structured [--model qwen2.5-coder-0.5b] [--reps 3] [--max-tokens 96]
+    python -m bench.structured --device cuda --model random:qwen2.5-0.5b --tokenizer DIR \
+        --batches 1 16 64 --out bench/results/structured_gpu.json
+
+A random-weight model with the real tokenizer (the GPU machine has no model files) writes
+nonsense, but inside the grammar: the mask's cost and the outputs' validity are what it measures.
 Prints a table, writes bench/results/structured.json.
 """
 from __future__ import annotations
@@ -56,7 +63,7 @@ def throughput(llm, prompts: list[str], constrained: bool, max_tokens: int, reps
     spec = StructuredOutputsParams(json=LONG) if constrained else None
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=not constrained,
                             structured_outputs=spec)
-    rates, tokens = [], 0
+    rates, tokens, invalid = [], 0, 0
     llm.generate(prompts, params, use_tqdm=False)                      # warm: prefix cache, grammar cache
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -64,7 +71,38 @@ def throughput(llm, prompts: list[str], constrained: bool, max_tokens: int, reps
         wall = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         rates.append(tokens / wall)
-    return {"tok_s": statistics.median(rates), "output_tokens": tokens}
+        if constrained:
+            invalid += sum(not _valid(o.outputs[0].text, LONG) for o in outs if o.outputs[0].finish_reason == "stop")
+    return {"tok_s": statistics.median(rates), "output_tokens": tokens, **({"invalid": invalid} if constrained else {})}
+
+
+def _valid(text: str, schema: dict) -> bool:
+    import json
+
+    import jsonschema
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def validity(llm, batch: int, max_tokens: int) -> dict:
+    """Each schema at temperature 0 and 1, `batch` prompts at a time: outputs that ended (stop)
+    and match their schema, of those that ended; a cut one (length) is counted apart."""
+    from inference import SamplingParams
+    from inference.sampling_params import StructuredOutputsParams
+    out = {}
+    for name, schema in SCHEMAS.items():
+        for temperature in (0.0, 1.0):
+            params = SamplingParams(max_tokens=4 * max_tokens, temperature=temperature, seed=7,
+                                    structured_outputs=StructuredOutputsParams(json=schema))
+            prompts = [f"Reply with a JSON {name.replace('_', ' ')} for customer {i}." for i in range(batch)]
+            done = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+            ended = [o for o in done if o.finish_reason == "stop"]
+            out[f"{name}@{temperature:g}"] = {"ended": len(ended), "cut": len(done) - len(ended),
+                                              "valid": sum(_valid(o.text, schema) for o in ended)}
+    return out
 
 
 def compile_times(llm) -> dict:
@@ -87,14 +125,18 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer directory (for a random: model)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--out", default=result_path("structured.json"))
     args = ap.parse_args(argv)
     from inference import LLM
-    llm = LLM(args.model, max_model_len=2048)
+    llm = LLM(args.model, max_model_len=2048, device=args.device, tokenizer=args.tokenizer)
     compiled = compile_times(llm)
+    valid = validity(llm, max(args.batches), args.max_tokens)
     base = "List the 8 items of order {} as JSON with sku, qty and note."
     rows = {}
-    for batch in (1, 16):
+    for batch in args.batches:
         prompts = [base.format(1000 + i) for i in range(batch)]
         free = throughput(llm, prompts, False, args.max_tokens, args.reps)
         json_ = throughput(llm, prompts, True, args.max_tokens, args.reps)
@@ -106,8 +148,18 @@ def main(argv=None) -> int:
     print("compile ms (cold / cached): " + ", ".join(
         f"{k} {v:.1f} / {compiled['cached_ms'][k]:.2f}" for k, v in compiled["cold_ms"].items()))
     print(f"compile P99 {compiled['cold_p99_ms']:.1f} ms (target <= 50)")
+    ended = sum(v["ended"] for v in valid.values())
+    good = sum(v["valid"] for v in valid.values())
+    print(f"valid: {good} of {ended} ended outputs over {len(valid)} schema x temperature cells "
+          f"({sum(v['cut'] for v in valid.values())} cut by max_tokens); throughput rows' invalid: "
+          f"{sum(r['json_schema']['invalid'] for r in rows.values())} (target: all valid)")
+    device = args.device
+    if device.startswith("cuda"):
+        import torch
+        device = torch.cuda.get_device_name()
     write_result(args.out, {"model": args.model, "commit": git_commit(), "cpu": cpu_model(), "cpus": os.cpu_count(),
-                            "max_tokens": args.max_tokens, "rows": rows, "compile": compiled})
+                            "device": device, "max_tokens": args.max_tokens, "rows": rows, "compile": compiled,
+                            "validity": valid})
     return 0
 
 

@@ -210,7 +210,7 @@ def plan_load(config: ModelConfig) -> LoadPlan:
 
 def load_tokenizer(plan: LoadPlan, config: ModelConfig) -> Tokenizer:
     arch = plan.arch
-    if plan.model_dir is None:
+    if plan.model_dir is None and not config.tokenizer:            # a random model without tokenizer=DIR
         return ByteTokenizer(arch.vocab_size, arch.eos_token_ids[0] if arch.eos_token_ids else None)
     tokenizer_dir = Path(config.tokenizer) if config.tokenizer else plan.model_dir
     if any((tokenizer_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):

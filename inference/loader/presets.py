@@ -43,6 +43,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                        max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
                        bos_token_id=1, eos_token_id=2),
+    # Qwen2.5-Coder-0.5B's shapes (the default model's GGUF: untied head, QKV bias)
+    "qwen2.5-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                         bos_token_id=151643, eos_token_id=151645),
     "qwen2-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                      num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                      max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,

@@ -46,6 +46,13 @@ def test_random_tiny_loads_deterministically():
     assert a.max_model_len == PRESETS["tiny"]["max_position_embeddings"]
 
 
+def test_a_random_model_takes_a_tokenizer_directory(smollm2_dir):
+    from inference.core.tokenizer import ByteTokenizer, HFTokenizer
+    assert isinstance(load_model(ModelConfig(model="random:tiny", dtype="float32")).tokenizer, ByteTokenizer)
+    loaded = load_model(ModelConfig(model="random:tiny", dtype="float32", tokenizer=str(smollm2_dir)))
+    assert isinstance(loaded.tokenizer, HFTokenizer) and loaded.tokenizer.encode("hello")
+
+
 def test_bad_checkpoints_are_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**PRESETS["tiny"], "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="model_type"):
