@@ -123,8 +123,8 @@ class LLMEngine:
         compile does not hold other requests back."""
         if params.structured_outputs is None:
             return None
-        if self.speculator is not None or self.config.parallel.tensor_parallel_size > 1:
-            raise ValueError("structured_outputs: not supported with speculative decoding or tensor parallelism yet")
+        if self.config.parallel.tensor_parallel_size > 1:
+            raise ValueError("structured_outputs: not supported with tensor parallelism yet")
         with self._grammar_lock:
             if self._grammar_backend is None:
                 self._grammar_backend = self.new_grammar_backend()

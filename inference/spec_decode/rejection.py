@@ -9,6 +9,11 @@ norm(max(p - q, 0)); when all k are accepted a bonus token is drawn from p after
 token is then distributed exactly as the target would sample it. A proposer without
 probabilities (n-gram) has a one-hot q: accept with probability p(d_j), else draw from p with d_j
 removed.
+
+A request held to a grammar (structured outputs) verifies position by position instead
+(verify_constrained): row j is masked by the grammar as it stands after d_1 .. d_j-1, so the
+target's choice at every position is one the grammar allows, and a draft the grammar forbids has
+probability 0 and is rejected. The grammar advances by the emitted tokens only.
 """
 from __future__ import annotations
 
@@ -55,3 +60,49 @@ def verify_sampled(logits: torch.Tensor, draft: list[int], row: SamplingRow,
             final = p[a]
     token = int(draw(final[None], [row.generator], default_generator)[0])
     return draft[:a] + [token]
+
+
+def verify_constrained(logits: torch.Tensor, draft: list[int], row: SamplingRow,
+                       draft_probs: torch.Tensor | None, default_generator: torch.Generator) -> list[int]:
+    """verify_greedy / verify_sampled for a row with a grammar (row.grammar, advanced here by
+    every emitted token). logits [k + 1, vocab]; the output is distributed as constrained
+    non-speculative decoding: greedy gives its tokens exactly."""
+    from inference.structured import apply_masks
+    grammar, k, out = row.grammar, len(draft), []
+    gen = row.generator or default_generator
+    for j in range(k + 1):
+        masked = logits[j:j + 1].float().clone()
+        apply_masks(masked, [grammar])
+        if row.params.is_greedy:
+            token = int(masked.argmax(dim=-1))
+        else:
+            p = processed_probs(masked, [row])[0]
+            final = p
+            if j < k:
+                d = draft[j]
+                q_d = 1.0 if draft_probs is None else float(draft_probs[j, d])
+                u = float(torch.rand(1, generator=gen, device=gen.device))
+                if u * q_d < float(p[d]):                 # accepted (p[d] = 0 where the grammar forbids d)
+                    _advance(grammar, d)
+                    out.append(d)
+                    if grammar.is_terminated():           # the end: nothing after it is verified
+                        return out
+                    continue
+                final = p.clone()
+                if draft_probs is None:
+                    final[d] = 0.0
+                else:
+                    final = (final - draft_probs[j].to(p.device)).clamp_(min=0.0)
+                if float(final.sum()) <= 0.0:
+                    final = p
+            token = int(draw(final[None], [row.generator], default_generator)[0])
+        _advance(grammar, token)
+        out.append(token)
+        if not row.params.is_greedy or j == k or token != draft[j] or grammar.is_terminated():
+            return out
+    return out
+
+
+def _advance(grammar, token: int) -> None:
+    if not grammar.try_accept(token):
+        raise RuntimeError(f"the grammar rejected token {token}, which its own mask allowed")

@@ -19,6 +19,9 @@ class GrammarState(Protocol):
     def try_accept(self, token: int) -> bool:
         """Advance past `token` if the grammar allows it next; False (and no change) if not."""
 
+    def is_terminated(self) -> bool:
+        """The grammar took its end (a stop token): no token follows."""
+
 
 class GrammarBackend(Protocol):
     name: str

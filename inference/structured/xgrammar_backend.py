@@ -36,6 +36,9 @@ class XGrammarState:
         """Advance past `token` if the grammar allows it next (else nothing changes)."""
         return self._matcher.is_terminated() or self._matcher.accept_token(token)
 
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
 
 class CompiledGrammar:
     """A compiled constraint: what a Request carries; each running sequence gets its own state."""

@@ -24,7 +24,7 @@ from inference.models.attention import (
 )
 from inference.models.invariant_attention import padded_keys
 from inference.models.llama import rope_inv_freq
-from inference.spec_decode.rejection import verify_greedy, verify_sampled
+from inference.spec_decode.rejection import verify_constrained, verify_greedy, verify_sampled
 from inference.worker.kv_shift import apply_kv_shifts, supports_kv_shift
 from inference.worker.kv_sizing import kv_cache_dtype, kv_cache_shape
 from inference.worker.sampler import SamplerOutput, SamplingRow, resolve, sample
@@ -202,7 +202,10 @@ class ModelRunner(Runner):
                 continue
             rid, lo = it.request.request_id, starts[i]
             q = self.draft_probs.pop(rid, None)
-            if it.request.sampling_params.is_greedy:
+            if it.request.grammar is not None:
+                emitted = verify_constrained(logits[lo:lo + len(draft) + 1], draft, self._sampling_row(it),
+                                             None if q is None else q[:len(draft)], self.default_generator)
+            elif it.request.sampling_params.is_greedy:
                 emitted = verify_greedy(greedy_ids[lo:lo + len(draft) + 1], draft)
             else:
                 emitted = verify_sampled(logits[lo:lo + len(draft) + 1], draft, self._sampling_row(it),
