@@ -62,13 +62,17 @@ ide-clients:
 	@test -f $(IDE_CLIENTS)/node_modules/tabby-agent/package.json || \
 		npm install -q --no-audit --no-fund --prefix $(IDE_CLIENTS) tabby-agent@1.5.0
 
-# The models are assembled first (the first load builds the cache files). The suite runs serially:
-# on two xdist workers (`pytest -n 2 --dist loadscope -m "not alone"`, see tests/conftest.py) the
-# fault scenarios' recovery bounds and the soak's memory samples stretch beside the other worker.
+# The models are assembled first (the first load builds the cache files). The suite runs on two
+# xdist workers, a file (or the shared-service files, tests/conftest.py) to a worker, then the
+# tests marked `alone` by themselves: the fault scenarios' recovery bounds and the soak's memory
+# samples stretch beside another worker's load. Both parts run; either failing fails the target.
 test: $(STAMP) browser ops-tools ide-clients lint
 	$(PY) -c "from inference.loader.model_loader import gguf_source, resolve_model_dir; \
 		resolve_model_dir('smollm2'); gguf_source('qwen2.5-coder-0.5b')"
-	$(PY) -m pytest -q --durations=40 tests
+	rc=0; \
+	$(PY) -m pytest -q -n 2 --dist loadscope -m "not alone" --durations=30 tests || rc=$$?; \
+	$(PY) -m pytest -q -m alone --durations=10 tests || rc=$$?; \
+	exit $$rc
 
 # ruff's rules and import-linter's layer contracts are in pyproject.toml
 lint: $(STAMP)

@@ -134,8 +134,9 @@ def redis_server():
     proc.terminate()
 
 
-# Parallel runs (`pytest -n 2 --dist loadscope -m "not alone"`; `make test` runs serially, since the
-# fault scenarios' recovery bounds stretch beside another worker) use the scopes below. Each file
+# Parallel runs (`pytest -n 2 --dist loadscope -m "not alone"`, what `make test` runs before the
+# `alone` tests by themselves: the fault scenarios' recovery bounds stretch beside another worker)
+# use the scopes below. Each file
 # is a scope, so its module fixtures are built once and tests that count on earlier ones in the file
 # (test_openapi's case counts) see them. Tests that share the machine's services by fixed name (Redis
 # databases 11-15, the Celery broker, the PostgreSQL server a test stops), start real deployments, or

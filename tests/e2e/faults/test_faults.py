@@ -10,7 +10,8 @@ import pytest
 from tests.e2e.faults import inference_outages, service_outages, slow_clients
 from tests.e2e.faults.harness import REDIS_BIN, InferenceService
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# alone: their recovery bounds are timed; a parallel run (make test) runs them after the rest, serially
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(420)]
 needs_redis = pytest.mark.skipif(REDIS_BIN is None, reason="redis-server is not installed")
 
 
