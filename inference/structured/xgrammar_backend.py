@@ -25,6 +25,19 @@ def _ebnf_choice(choice: tuple[str, ...]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
 
 
+# xgrammar 0.2.9 writes a string with minLength / maxLength as a run of [^"\\\r\n]: a raw tab or
+# other control character, which JSON forbids in a string, was allowed there (and json.loads
+# rejects the output). Its unbounded strings already exclude \0-\x1f; the bounded ones are made to.
+_BOUNDED_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def json_schema_ebnf(xgr, schema: str) -> str:
+    """The schema's grammar as xgrammar writes it (compact separators), with string characters
+    held to what JSON allows unescaped."""
+    return str(xgr.Grammar.from_json_schema(schema, any_whitespace=False)).replace(_BOUNDED_CHAR, _JSON_CHAR)
+
+
 class XGrammarState:
     def __init__(self, matcher, backend: XGrammarBackend):
         self._matcher, self.backend = matcher, backend
@@ -89,7 +102,7 @@ class XGrammarBackend:
             if spec.json is not None:
                 schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
                 json.loads(schema)
-                return c.compile_json_schema(schema, any_whitespace=False)
+                return c.compile_grammar(json_schema_ebnf(self.xgr, schema))
             if spec.regex is not None:
                 return c.compile_regex(spec.regex)
             if spec.choice is not None:
