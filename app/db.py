@@ -98,9 +98,7 @@ class Database:
             return False
 
     def _alembic(self, conn):
-        from alembic.config import Config
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        cfg = _alembic_config()
         cfg.attributes["connection"] = conn
         return cfg
 
@@ -129,13 +127,17 @@ class Database:
         self.engine.dispose()
 
 
-def head_revision() -> str:
-    """The newest migration in app/migrations/, the one `upgrade()` reaches."""
+def _alembic_config():
     from alembic.config import Config
-    from alembic.script import ScriptDirectory
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest migration in app/migrations/, the one `upgrade()` reaches."""
+    from alembic.script import ScriptDirectory
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
 def init_db(app) -> Database:

@@ -25,17 +25,12 @@ import time
 from pathlib import Path
 
 from app import create_app
-from bench.harness import cpu_model, git_commit, result_path, write_result
+from bench.harness import cpu_model, git_commit, nearest_rank, result_path, write_result
 from pipelines.inference_client import InProcessClient
 
 KEY = {"X-Site-Key": "demo-site-key"}
 ORDERS = ["NW-4417302", "NW-5520018", "NW-3108842", "NW-2290451", "NW-7700001"]      # the last one: 404
 STREETS = ["Park Row", "Mill Lane", "Quay Street", "Elm Street", "Castle Walk"]
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def main() -> None:
@@ -103,8 +98,8 @@ def main() -> None:
     server.shutdown()
     client.close()
 
-    rows = {k: {"turns": len(v), "p50_ms": round(statistics.median(v), 1), "p90_ms": round(pct(v, 0.9), 1),
-                "p99_ms": round(pct(v, 0.99), 1), "max_ms": round(max(v), 1), "outcomes": outcomes[k]}
+    rows = {k: {"turns": len(v), "p50_ms": round(statistics.median(v), 1), "p90_ms": round(nearest_rank(v, 0.9), 1),
+                "p99_ms": round(nearest_rank(v, 0.99), 1), "max_ms": round(max(v), 1), "outcomes": outcomes[k]}
             for k, v in times.items() if v}
     print(f"Action round trips, {args.model} in process, {cpu_model()}; endpoint time subtracted")
     print("| turn | turns | P50 ms | P90 ms | P99 ms | max ms | outcomes |")

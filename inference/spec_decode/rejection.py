@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.worker.sampler import SamplingRow, draw, processed_probs
+from inference.worker.sampler import SamplingRow, accept_masked, draw, processed_probs
 
 
 def verify_greedy(target_ids: list[int], draft: list[int]) -> list[int]:
@@ -83,7 +83,7 @@ def verify_constrained(logits: torch.Tensor, draft: list[int], row: SamplingRow,
                 q_d = 1.0 if draft_probs is None else float(draft_probs[j, d])
                 u = float(torch.rand(1, generator=gen, device=gen.device))
                 if u * q_d < float(p[d]):                 # accepted (p[d] = 0 where the grammar forbids d)
-                    _advance(grammar, d)
+                    accept_masked(grammar, d)
                     out.append(d)
                     if grammar.is_terminated():           # the end: nothing after it is verified
                         return out
@@ -96,13 +96,8 @@ def verify_constrained(logits: torch.Tensor, draft: list[int], row: SamplingRow,
                 if float(final.sum()) <= 0.0:
                     final = p
             token = int(draw(final[None], [row.generator], default_generator)[0])
-        _advance(grammar, token)
+        accept_masked(grammar, token)
         out.append(token)
         if not row.params.is_greedy or j == k or token != draft[j] or grammar.is_terminated():
             return out
     return out
-
-
-def _advance(grammar, token: int) -> None:
-    if not grammar.try_accept(token):
-        raise RuntimeError(f"the grammar rejected token {token}, which its own mask allowed")

@@ -101,10 +101,15 @@ def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_g
         for i, token in zip(retry, _sample_unconstrained(sub, sub_rows, default_generator).token_ids.tolist()):
             tokens[i] = token
     for i in masked + retry:                  # chosen under the mask: the grammar must take them
-        if not rows[i].grammar.try_accept(tokens[i]):
-            raise RuntimeError(f"the grammar rejected token {tokens[i]}, which its own mask allowed")
+        accept_masked(rows[i].grammar, tokens[i])
     token_ids = torch.tensor(tokens, device=logits.device)
     return PendingSample(token_ids, pending.raw_logprobs, rows)
+
+
+def accept_masked(grammar, token: int) -> None:
+    """Advance the grammar past a token chosen under its own mask, which it must take."""
+    if not grammar.try_accept(token):
+        raise RuntimeError(f"the grammar rejected token {token}, which its own mask allowed")
 
 
 def resolve(pending: PendingSample, token_ids: list[int] | None = None) -> SamplerOutput:
