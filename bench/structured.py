@@ -100,8 +100,9 @@ def validity(llm, batch: int, max_tokens: int) -> dict:
             prompts = [f"Reply with a JSON {name.replace('_', ' ')} for customer {i}." for i in range(batch)]
             done = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
             ended = [o for o in done if o.finish_reason == "stop"]
+            bad = [o.text for o in ended if not _valid(o.text, schema)]
             out[f"{name}@{temperature:g}"] = {"ended": len(ended), "cut": len(done) - len(ended),
-                                              "valid": sum(_valid(o.text, schema) for o in ended)}
+                                              "valid": len(ended) - len(bad), "invalid_examples": bad[:3]}
     return out
 
 

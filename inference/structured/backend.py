@@ -33,6 +33,9 @@ class GrammarBackend(Protocol):
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         ...
 
+    def fill_masks(self, states: list[GrammarState], bitmask: torch.Tensor) -> None:
+        """Row j of `bitmask` from states[j], for every state at once."""
+
 
 def apply_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> None:
     """Set to -inf, in place, the logits of tokens each constrained row's grammar does not allow
@@ -40,9 +43,9 @@ def apply_masks(logits: torch.Tensor, states: list[GrammarState | None]) -> None
     rows = [i for i, s in enumerate(states) if s is not None]
     if not rows:
         return
-    bitmask = states[rows[0]].backend.allocate_bitmask(len(rows))
-    for j, i in enumerate(rows):
-        states[i].fill_mask(bitmask, j)
+    backend = states[rows[0]].backend
+    bitmask = backend.allocate_bitmask(len(rows))
+    backend.fill_masks([states[i] for i in rows], bitmask)
     if logits.device.type == "cuda":
         apply_bitmask_on_device(logits, bitmask, rows)
         return

@@ -79,6 +79,7 @@ class XGrammarBackend:
         self._cache: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()          # the cache: request threads compile, the engine thread matches
         self._compiling = threading.Lock()     # one compile at a time on the shared compiler
+        self._batch = None                     # the engine thread's batch matcher, made on first use
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
         key = spec.key()
@@ -113,3 +114,13 @@ class XGrammarBackend:
 
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+    def fill_masks(self, states: list[XGrammarState], bitmask: torch.Tensor) -> None:
+        """One call for the batch: xgrammar fills the rows on its own threads (half the host's
+        hardware threads), outside the GIL, instead of one Python call per row."""
+        if len(states) == 1:
+            states[0].fill_mask(bitmask, 0)
+            return
+        if self._batch is None:
+            self._batch = self.xgr.BatchGrammarMatcher()
+        self._batch.batch_fill_next_token_bitmask([s._matcher for s in states], bitmask)

@@ -355,6 +355,11 @@ class _Allowed:
         def allocate_bitmask(rows: int) -> torch.Tensor:
             return torch.zeros(rows, 1, dtype=torch.int32)
 
+        @staticmethod
+        def fill_masks(states, bitmask: torch.Tensor) -> None:
+            for j, state in enumerate(states):
+                state.fill_mask(bitmask, j)
+
     def __init__(self, sets: list[set[int]]):
         self.sets, self.pos = sets, 0
 
