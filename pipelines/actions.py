@@ -76,6 +76,20 @@ class ActionSpec(BaseModel):
     confirm_prompt: str = ""                       # the question before a confirmed action runs
     reply: str = Field(min_length=1)
     replies: dict[int, str] = {}                   # the reply for an endpoint status, e.g. 404
+    # how a customer asks for the action (regular expressions, any case): a turn that names none
+    # of its parameters starts it only if one matches ("where is my order?" but not "how long
+    # until my refund arrives?", which the help centre answers)
+    requests: list[str] = []
+
+    @field_validator("requests")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {pattern!r}: {exc}") from None
+        return value
 
     @field_validator("parameters")
     @classmethod
@@ -107,6 +121,14 @@ class ActionSpec(BaseModel):
     @property
     def required(self) -> list[str]:
         return list(self.parameters.get("required", []))
+
+    def asked_for(self, text: str) -> bool:
+        """The message asks for this action in one of the ways `requests` lists."""
+        return any(re.search(p, text, re.IGNORECASE) for p in self.requests)
+
+    def named_parameters(self, said: str) -> bool:
+        """The customer wrote a value of a parameter that has a pattern (an order number)."""
+        return bool(_pattern_values(self, said, re.IGNORECASE))
 
     def tool(self) -> dict:
         """The OpenAI tool definition the model sees."""
@@ -154,8 +176,6 @@ def load_actions(path: str | os.PathLike) -> tuple[ActionSpec, ...]:
 
 TOOL_SYSTEM = ("You fill in a support tool call for the customer's request. Copy values exactly as the "
                "customer wrote them.")
-# the customer speaks of an order of their own: a missing order number is worth asking for
-_OWN = re.compile(r"\b(?:my|our|mine)\b|我的|我们的|我", re.I)
 
 
 @dataclass
@@ -183,13 +203,13 @@ def grounded(value: Any, said: str) -> bool:
     return False
 
 
-def _pattern_values(spec: ActionSpec, said: str) -> dict[str, str]:
+def _pattern_values(spec: ActionSpec, said: str, flags: int = 0) -> dict[str, str]:
     """Parameters with a `pattern`, found in the text by it (without the model: it is down)."""
     out = {}
     for name, schema in spec.parameters["properties"].items():
         pattern = schema.get("pattern") if isinstance(schema, dict) else None
         if pattern and schema.get("type") == "string":
-            m = re.search(pattern.lstrip("^").rstrip("$"), said)
+            m = re.search(pattern.lstrip("^").rstrip("$"), said, flags)
             if m:
                 out[name] = m.group(0)
     return out
@@ -238,16 +258,17 @@ def plan(call_tool: Callable[[list[dict], list[dict], str | None], tuple[str, di
     """The action this turn calls and its arguments, or None (answer from the help centre).
 
     `pending`: the action a previous turn asked a parameter for ({"name", "arguments"}); this
-    message may be the answer. Without it, an action whose required parameters are all missing
-    is taken only when the customer speaks of their own order ("my order"), so a general "how do
-    I track an order?" still gets the help centre's answer."""
+    message may be the answer. Without it, an action is a candidate when the customer named one
+    of its parameters (an order number) or asked for it as its `requests` say; questions about
+    how things work ("how long until my refund arrives?") get the help centre's answer, without
+    a model call."""
+    said = customer_text(history, text)
     if pending is not None:
         candidates = [s for s in specs if s.name == pending.get("name")]
     else:
-        candidates = [s for s in specs if intent in s.intents]
+        candidates = [s for s in specs if intent in s.intents and (s.asked_for(text) or s.named_parameters(said))]
     if not candidates:
         return None
-    said = customer_text(history, text)
     messages = [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": said}]
     tools = [s.tool() for s in candidates]
     try:
@@ -264,7 +285,7 @@ def plan(call_tool: Callable[[list[dict], list[dict], str | None], tuple[str, di
     raw = {k: _grounded_part(_distinct(v), said) for k, v in raw.items()}
     args.update({k: v for k, v in raw.items() if grounded(v, said) and _valid(spec, k, v)})
     missing = [p for p in spec.required if p not in args]
-    if pending is None and len(missing) == len(spec.required) and spec.required and not _OWN.search(text):
+    if pending is None and len(missing) == len(spec.required) and spec.required and not spec.asked_for(text):
         return None
     return Plan(spec, args, missing)
 

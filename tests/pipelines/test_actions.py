@@ -37,6 +37,7 @@ def test_the_shipped_actions_load_and_bad_files_name_what_is_wrong(tmp_path):
         "schema": (_spec(parameters={"type": "object", "properties": {"a": {"type": "strin"}}}), "not a JSON Schema"),
         "ask": (_spec(ask={"zip": "?"}), "ask names parameters"),
         "name": (_spec(name="Get Order"), "name"),
+        "requests": (_spec(requests=["where is (my order"]), "not a regular expression"),
     }
     import yaml
     for label, (item, message) in cases.items():
@@ -69,17 +70,48 @@ def _model(answer):
     return call_tool, calls
 
 
-def test_plan_drops_invented_arguments_and_asks_only_about_own_orders():
+def test_plan_drops_invented_arguments_and_asks_only_when_asked():
     call_tool, calls = _model(("get_order_status", {"order_id": "NW-1234567"}))      # not in the message
     p = plan(call_tool, SPECS, "order_status", [], "Where is my order?")
     assert p.spec.name == "get_order_status" and p.arguments == {} and p.missing == ["order_id"]
-    assert calls[0][1] == ["get_order_status", "change_shipping_address"] and calls[0][2] is None
+    assert calls[0][1] == ["get_order_status"] and calls[0][2] == "get_order_status"   # only the one asked for
     assert plan(call_tool, SPECS, "order_status", [], "How do I track an order?") is None     # general: the KB
     assert plan(call_tool, SPECS, "shipping", [], "Where is my order?") is None               # no action for it
 
     call_tool, _ = _model(("get_order_status", {"order_id": "NW-4417302"}))
     p = plan(call_tool, SPECS, "order_status", [], "has NW-4417302 shipped?")
     assert p.arguments == {"order_id": "NW-4417302"} and p.missing == []
+
+
+@pytest.mark.parametrize("intent,question", [
+    ("refund", "Once my return arrives at your warehouse, how long until you issue the refund?"),
+    ("refund", "Can you send my refund to a different card than the one I paid with?"),
+    ("refund", "can i just drop my return off at ur warehouse instead of posting it"),
+    ("refund", "Can I return a pack of socks I've opened?"),
+    ("order_status", "my order says out for delivery, does that mean its coming today or what"),
+    ("order_status", "Tracking says my parcel was delivered but I can't find it. How long should I wait?"),
+    ("cancel_order", "my package already shipped n i put the wrong address, can u still fix it"),
+    ("cancel_order", "Can I collect my order in person from one of your shops?"),
+])
+def test_questions_about_how_things_work_get_no_action_and_no_model_call(intent, question):
+    """Questions that speak of the customer's own order but ask how something works are the help
+    centre's (they were answered "what is your order number?" while "my" alone opened an action)."""
+    call_tool, calls = _model(("start_return", {"order_id": "NW-1234567", "items": ["x"]}))
+    assert plan(call_tool, SPECS, intent, [], question) is None and calls == []
+
+
+@pytest.mark.parametrize("intent,message,action", [
+    ("order_status", "wheres my parcel??", "get_order_status"),
+    ("order_status", "can u check on my order", "get_order_status"),
+    ("refund", "I'd like to send back the kettle I bought", "start_return"),
+    ("refund", "could you start a return for me", "start_return"),
+    ("cancel_order", "I need to update my shipping address", "change_shipping_address"),
+    ("refund", "我想退货", "start_return"),
+])
+def test_requests_without_an_order_number_ask_for_it(intent, message, action):
+    call_tool, _ = _model((action, {}))
+    p = plan(call_tool, SPECS, intent, [], message)
+    assert p.spec.name == action and p.arguments == {} and p.missing[0] == "order_id"
 
 
 def test_plan_reads_an_answer_to_its_question_and_finds_patterns_without_the_model():
