@@ -63,10 +63,16 @@ def grounded_messages(system_prompt: str, selection: Selection, history: list[di
             {"role": "user", "content": f"Facts:\n{facts}\n\nQuestion: {user_text}"}]
 
 
-def missing_facts(reply: str, spans: list[Span]) -> bool:
-    """The spans state figures and the reply states none of them."""
-    figures = {n for s in spans for n in NUMBER.findall(s.text)}
-    return bool(figures) and not any(n in reply for n in figures)
+def missing_facts(reply: str, spans: list[Span], question: str = "") -> bool:
+    """The reply leaves out the figures the answer is about: none of what the best span adds to
+    the question ("2.4 GHz" to "does it work on 5 GHz?"), or, when the best span states none,
+    none of the other spans' new figures. A figure counts whole ("1" is not in "14")."""
+    def figures(text: str) -> set[str]:
+        return set(NUMBER.findall(text))
+    said, asked = figures(reply), figures(question)
+    best = figures(spans[0].text) if spans else set()
+    new = best - asked if best else {n for s in spans[1:] for n in figures(s.text)} - asked
+    return bool(new) and not new & said
 
 
 def translation_messages(reply: str) -> list[dict]:

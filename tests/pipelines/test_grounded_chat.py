@@ -185,3 +185,22 @@ def test_a_quote_never_repeats_a_list_lead_it_already_holds(parts):
     assert len(spans) == 2
     text = quoted_reply(spans, "where do you work?")
     assert text.count("We visit homes anywhere") == 1 and "20 EUR" in text
+
+
+def test_a_reply_missing_the_best_spans_new_figure_lacks_the_facts(parts):
+    """The best span's figure is what was asked for: a reply stating another span's figure, or only
+    the question's own, leaves it out; a figure counts whole."""
+    from pipelines.grounded_answer import missing_facts
+    kb = parts[1]
+    spans, _ = kb.spans([c for c in kb.chunks if c.section == "Booking a visit"])
+    grand = next(s for s in spans if "Grand piano" in s.text)
+    upright = next(s for s in spans if "Upright piano" in s.text)
+    ask = "How much is a grand piano tuning?"
+    assert missing_facts("An upright piano tuning is 120 EUR per visit.", [grand, upright], ask)
+    assert not missing_facts("A grand piano tuning is 165 EUR per visit.", [grand, upright], ask)
+    assert missing_facts("It is 1165 EUR.", [grand], ask)
+    assert not missing_facts("Yes, it is.", [grand], "Is a grand piano tuning 165 EUR?")
+    lessons = kb.spans([c for c in kb.chunks if c.section == "Trial lesson"])[0]
+    no_figure = next(s for s in lessons if "refund" in s.text)
+    assert missing_facts("We cannot refund lessons.", [no_figure, upright], "Can I get a refund?")
+    assert not missing_facts("We cannot refund lessons.", [no_figure], "Can I get a refund?")
