@@ -86,10 +86,7 @@ def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_g
     here). Rows that can check first sample without the mask and keep the token if their grammar
     accepts it; the rest, and the rejected ones, are masked (inference/structured) and sampled."""
     from inference.structured import apply_masks
-    # On CUDA every mask is filled up front: the host fills them while the device still runs the
-    # forward, and one sync follows; checking first costs a sync per step and another on refusal.
-    first = [i for i, r in enumerate(rows)
-             if r.grammar is not None and _checks_first(r) and logits.device.type == "cpu"]
+    first = [i for i, r in enumerate(rows) if r.grammar is not None and _checks_first(r)]
     # the rows as they are now, for a retry: sampling changes fp32 logits in place (a bf16 batch is
     # copied to fp32 first, and greedy reads it only), so only then is a copy needed up front
     saved = logits.clone() if first and logits.dtype == torch.float32 else logits
