@@ -20,33 +20,33 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 import inference  # noqa: F401  (sets OMP_WAIT_POLICY; importing app loads no torch)
-from app.action_log import SqlCallLog
-from app.agent_api import bp as agent_api_bp
-from app.agent_auth import AUTH_SCHEME, init_agent_auth
-from app.agent_auth import bp as agent_auth_bp
-from app.agent_console import bp as console_bp
-from app.chat import bp as chat_bp
-from app.chat_handoff import bp as chat_handoff_bp
-from app.completion import beta as beta_bp
-from app.completion import bp as completion_bp
-from app.completion import init_completion
-from app.conversations import ConversationStore
-from app.db import DatabaseUnavailable, init_db
-from app.demo_orders import init_demo_orders
+from app.agent.api import bp as agent_api_bp
+from app.agent.auth import AUTH_SCHEME, init_agent_auth
+from app.agent.auth import bp as agent_auth_bp
+from app.agent.console import bp as console_bp
+from app.chat.demo_orders import init_demo_orders
+from app.chat.handoff import bp as chat_handoff_bp
+from app.chat.routes import bp as chat_bp
+from app.completion.infill import bp as infill_bp
+from app.completion.infill import init_infill
+from app.completion.routes import beta as beta_bp
+from app.completion.routes import bp as completion_bp
+from app.completion.routes import init_completion
 from app.errors import error_response
-from app.handoffs import Handoffs
-from app.infill import bp as infill_bp
-from app.infill import init_infill
-from app.jobs import bp as jobs_bp
-from app.knowledge_base import bp as kb_bp
+from app.jobs.knowledge_base import bp as kb_bp
+from app.jobs.routes import bp as jobs_bp
+from app.jobs.tasks import BrokerUnavailable, celery_init_app
 from app.limits import init_limits
 from app.live_events import live_events_for
 from app.readiness import Readiness
-from app.reports import ReportCollector
+from app.reports.queries import ReportCollector
 from app.schemas import METRICS, Readyz, Status
 from app.services import ChatServices
 from app.settings import WebSettings
-from app.tasks import BrokerUnavailable, celery_init_app
+from app.store.action_log import SqlCallLog
+from app.store.conversations import ConversationStore
+from app.store.db import DatabaseUnavailable, init_db
+from app.store.handoffs import Handoffs
 from app.tenants import TenantRegistry
 from configs import shipped
 from httpkit.openapi import build_spec, documented
@@ -79,7 +79,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     url = app.config["REDIS_URL"]
     # acks_late + reject_on_worker_lost: a task whose worker dies goes back to the queue; the broker
     # redelivers an unacknowledged task after visibility_timeout, so it must exceed the longest
-    # task's time limit (app/tasks.py) or a running task would be handed out twice
+    # task's time limit (app/jobs/tasks.py) or a running task would be handed out twice
     visibility = app.config["CELERY_VISIBILITY_TIMEOUT_S"]
     broker = (app.config["CELERY_BROKER_URL"] or url) if url else None
     app.config.setdefault("CELERY", {"broker_url": broker, "result_backend": url, "task_always_eager": not url,
@@ -97,7 +97,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
         "handoffs": Handoffs(db),
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
         "services": ChatServices(app.config, client, SqlCallLog(db)),
-        "turn_slots": threading.BoundedSemaphore(app.config["CHAT_MAX_TURNS"]),      # app/chat.py
+        "turn_slots": threading.BoundedSemaphore(app.config["CHAT_MAX_TURNS"]),      # app/chat/routes.py
     }
     registry = CollectorRegistry()
     web_metrics = WebMetrics(registry)

@@ -22,7 +22,7 @@ import logging
 import sys
 import time
 
-from app.agents import DEMO_EMAIL
+from app.agent.accounts import DEMO_EMAIL
 
 log = logging.getLogger("app")
 
@@ -39,8 +39,8 @@ def _ensure_demo_agent(web) -> str | None:
     """The demo agent's new password, on the first start of the shipped demo (else None)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.agents import AgentAccounts
-    from app.db import DatabaseUnavailable
+    from app.agent.accounts import AgentAccounts
+    from app.store.db import DatabaseUnavailable
     try:
         return AgentAccounts(web.extensions["db"]).ensure_demo_agent()
     except (DatabaseUnavailable, SQLAlchemyError) as exc:
@@ -53,7 +53,7 @@ def _start_retention(web) -> None:
     schedule of app/worker.py does this where a worker runs)."""
     import threading
 
-    from app.tasks import RETENTION_SCHEDULE_S, delete_old_conversations
+    from app.jobs.tasks import RETENTION_SCHEDULE_S, delete_old_conversations
 
     def loop() -> None:
         while True:
@@ -116,7 +116,7 @@ def _database(settings, migrate: bool = False):
     """The app's database, found as create_app finds it, without building the app."""
     from flask import Flask
 
-    from app.db import Database, default_url
+    from app.store.db import Database, default_url
     db = Database(settings.database_url or default_url(Flask("app").instance_path))
     if migrate and settings.db_auto_migrate:            # as an app starting on it would
         db.upgrade()
@@ -148,7 +148,7 @@ def _read_password(from_stdin: bool) -> str:
 
 
 def agents_command(args: argparse.Namespace) -> int:
-    from app.agents import AgentAccounts
+    from app.agent.accounts import AgentAccounts
     from app.settings import WebSettings
     settings = WebSettings()
     if args.agents_cmd == "add":
@@ -182,7 +182,7 @@ def _run(handler, args: argparse.Namespace) -> int:
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.db import DatabaseUnavailable
+    from app.store.db import DatabaseUnavailable
     try:
         return handler(args)
     except CliError as exc:

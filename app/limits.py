@@ -8,11 +8,14 @@ A request over a limit gets 429 with a JSON body saying which limit and a Retry-
 Counters are in Redis when REDIS_URL is set, shared by every web worker; if Redis is
 unreachable the limiter falls back to in-process counters instead of failing the request.
 Keys are hashed before they reach the storage, so no API key is stored in the clear.
+
+TurnSlot caps the model turns in flight (chat replies and agent drafts share CHAT_MAX_TURNS).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import yaml
 from flask import Flask, request
@@ -20,7 +23,7 @@ from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from limits import parse_many
 
-from app.errors import error_response
+from app.errors import PlainError, error_response
 from configs import resolve, shipped
 
 DEFAULT_PATH = shipped("limits.yaml")
@@ -106,3 +109,21 @@ def init_limits(app: Flask, chat_bps: tuple, *api_bps) -> Limiter:
 
     app.extensions["limiter"] = limiter
     return limiter
+
+
+class TurnSlot:
+    """One of CHAT_MAX_TURNS chat turns in flight, taken now or 503 + Retry-After: a turn holds a
+    request thread while it generates, and past that many, new customers and every other call
+    would queue behind them. Released once, however many paths release it."""
+
+    def __init__(self, slots: threading.BoundedSemaphore):
+        if not slots.acquire(blocking=False):
+            raise PlainError(503, "too many conversations in progress; retry after the Retry-After seconds",
+                           retry_after=2)
+        self._slots, self._lock, self._held = slots, threading.Lock(), True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._held:
+                self._held = False
+                self._slots.release()

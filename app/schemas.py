@@ -4,7 +4,7 @@ jobs). The views parse request bodies with them (`validate_body` in app/errors.p
 (httpkit/openapi.py), so what the document says is what the app enforces; the `Errors` markers
 keep the per-field messages users see (httpkit/validation.py). The schemathesis test
 (tests/app/test_openapi.py) holds the app to it: what these models call valid is accepted, what
-they call invalid gets a 4xx. The completion API's models are in app/completion_schemas.py, its
+they call invalid gets a 4xx. The completion API's models are in app/completion/schemas.py, its
 request bodies in the pipeline (pipelines/completion_schemas.py).
 """
 from __future__ import annotations

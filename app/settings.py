@@ -23,12 +23,12 @@ class WebSettings(BaseSettings):
     celery_broker_url: str | None = None                  # default: REDIS_URL
     # the broker redelivers an unacknowledged task after this long: above the longest task
     celery_visibility_timeout_s: int = Field(7200, gt=0)
-    # the conversation store (app/db.py): SQLite in the instance folder unless set
+    # the conversation store (app/store/db.py): SQLite in the instance folder unless set
     database_url: str | None = None
     db_auto_migrate: bool = True                            # apply migrations when an app starts
-    conversation_retention_days: int = Field(90, gt=0)      # older conversations are deleted (app/tasks.py)
+    conversation_retention_days: int = Field(90, gt=0)      # older conversations are deleted (app/jobs/tasks.py)
     handoff_wait_s: float = Field(300.0, gt=0)              # unanswered this long: offer email or the bot
-    # the agent console's sessions (app/agent_auth.py): the key that signs session cookies and CSRF
+    # the agent console's sessions (app/agent/auth.py): the key that signs session cookies and CSRF
     # tokens (unset: a random one kept in the instance folder), Secure cookies (unset: unless plain
     # http to a loopback address), login attempts allowed per client IP and per email
     secret_key: str | None = Field(None, repr=False)
@@ -40,7 +40,7 @@ class WebSettings(BaseSettings):
     intents_path: str | None = None
     banned_words_path: str | None = None
     tenants_path: str | None = None
-    demo_orders_path: str | None = None                     # the demo order service's seed (app/demo_orders.py)
+    demo_orders_path: str | None = None                     # the demo order service's seed (app/chat/demo_orders.py)
     # where an action's {base} points (pipelines/actions.py): default, this app on WEB_BIND's port
     actions_base_url: str | None = None
     # support chat generation and admission

@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery.signals import worker_ready
 
 from app import create_app
-from app.tasks import RETENTION_SCHEDULE_S
+from app.jobs.tasks import RETENTION_SCHEDULE_S
 from monitoring.worker_metrics import WorkerMetrics
 
 flask_app = create_app()

@@ -1,5 +1,5 @@
-"""Prometheus view of what the web process serves degraded (app/services.py, app/db.py,
-app/live_events.py, app/outbox.py), read at scrape time:
+"""Prometheus view of what the web process serves degraded (app/services.py, app/store/db.py,
+app/live_events.py, app/jobs/outbox.py), read at scrape time:
 
     web_chat_pipeline_full                   1 the full chat pipeline (embeddings), 0 the keyword one
     web_database_up                          1 when the conversation database answers

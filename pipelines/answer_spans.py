@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:                      # the knowledge base imports this module
-    from pipelines.knowledge_base import Chunk
+from pipelines.kb_chunk import Chunk
 
 _ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,2}[.)])\s+(.*)$")
 _EMPHASIS = re.compile(r"\*\*(.+?)\*\*|__(.+?)__|(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")

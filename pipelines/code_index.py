@@ -4,7 +4,7 @@ indexed repository").
 Files with a known language extension are cut into chunks at top-level boundaries (a line that
 starts at column 0 after a blank line), at most `max_lines` lines each; identifiers are split
 (snake_case, camelCase) into BM25 terms. The index is saved as JSON under the cache folder, keyed
-by the repository's name, and built by a Celery job (app/tasks.py: index_repository).
+by the repository's name, and built by a Celery job (app/jobs/tasks.py: index_repository).
 """
 from __future__ import annotations
 

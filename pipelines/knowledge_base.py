@@ -30,6 +30,7 @@ from rank_bm25 import BM25Okapi
 from configs import resolve, shipped
 from pipelines.answer_spans import Span, chunk_spans
 from pipelines.embedding_cache import cached_embeddings
+from pipelines.kb_chunk import Chunk
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = shipped("kb")
@@ -61,18 +62,6 @@ def stem(word: str) -> str:
             word = word[: -len(suffix)]
             break
     return word[:-1] if len(word) > 3 and word.endswith("e") else word       # "tune" meets "tuning"
-
-
-@dataclass(frozen=True)
-class Chunk:
-    title: str          # the article's title
-    section: str        # the heading the text sits under ("" for the article's lead)
-    text: str
-    source: str         # the article's file name, e.g. "returns-policy.md"
-
-    @property
-    def embedding_text(self) -> str:
-        return f"{self.title}. {self.section}. {self.text}" if self.section else f"{self.title}. {self.text}"
 
 
 @dataclass(frozen=True)

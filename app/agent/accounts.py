@@ -7,7 +7,7 @@
 
 Passwords are stored only as werkzeug scrypt hashes ("scrypt:..."); a password is never logged,
 audited or kept after the call that hashes or checks it. Every account change and every login
-attempt writes an audit event (app/models.py AuditEvent). `python -m app agents ...` manages
+attempt writes an audit event (app/store/models.py AuditEvent). `python -m app agents ...` manages
 accounts from the shell (app/__main__.py).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from app.db import Database
-from app.models import Agent, AuditEvent, utcnow
+from app.store.db import Database
+from app.store.models import Agent, AuditEvent, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class AgentAccounts:
 
     def disable(self, email: str) -> AgentInfo:
         """Deactivate an agent: it cannot log in, and its open sessions stop working on their next
-        request (app/agent_auth.py loads the agent on each). Disabling twice is a no-op."""
+        request (app/agent/auth.py loads the agent on each). Disabling twice is a no-op."""
         email = normalize_email(email)
         with self.db.session() as s:
             agent = _by_email(s, email)

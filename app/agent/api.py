@@ -1,5 +1,5 @@
 """The agent API: what the console at /agent/ (and an integrator) calls. Cookie sessions from
-POST /api/agent/login (app/agent_auth.py); every state-changing call sends X-CSRF-Token. An
+POST /api/agent/login (app/agent/auth.py); every state-changing call sends X-CSRF-Token. An
 agent sees its own tenant's conversations only: another tenant's id is simply not found.
 
     GET  /api/agent/conversations?status=&limit=&before=   the inbox, newest first, paginated
@@ -10,7 +10,7 @@ agent sees its own tenant's conversations only: another tenant's id is simply no
     POST /api/agent/conversations/<id>/resolve             status resolved; the widget asks for CSAT
     GET  /api/agent/conversations/<id>/suggestion          the bot's draft answer to the last question
     GET  /api/agent/events                                 SSE: handoffs, customer messages, status
-    GET  /api/agent/reports?from=YYYY-MM-DD&to=YYYY-MM-DD  the team's numbers (app/reports.py)
+    GET  /api/agent/reports?from=YYYY-MM-DD&to=YYYY-MM-DD  the team's numbers (app/reports/queries.py)
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import re
 from flask import Blueprint, current_app, jsonify, request
 
 from app import handoff_events
-from app.agent_auth import agent_required, current_agent
-from app.agent_schemas import (
+from app.agent.auth import agent_required, current_agent
+from app.agent.schemas import (
     AGENT_EVENTS,
     AgentMessageIn,
     ClaimOut,
@@ -37,12 +37,12 @@ from app.agent_schemas import (
     SuggestionOut,
     TypingIn,
 )
-from app.chat import TurnSlot
 from app.errors import PlainError, render, validate_body
-from app.handoffs import Conflict, NotFound
+from app.limits import TurnSlot
 from app.live_events import sse_response, tenant_channel
-from app.reports import report
+from app.reports.queries import report
 from app.schemas import Error, Ok, error_responses
+from app.store.handoffs import Conflict, NotFound
 from httpkit.openapi import documented
 
 bp = Blueprint("agent_api", __name__, url_prefix="/api/agent")

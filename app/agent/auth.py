@@ -49,9 +49,9 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from wtforms import ValidationError
 
-from app.agent_schemas import CSRF_HEADER, AgentLoginIn, AgentSessionOut, CsrfHeader
-from app.agent_sessions import AgentSessions
-from app.agents import AgentAccounts, AgentInfo, normalize_email
+from app.agent.accounts import AgentAccounts, AgentInfo, normalize_email
+from app.agent.schemas import CSRF_HEADER, AgentLoginIn, AgentSessionOut, CsrfHeader
+from app.agent.sessions import AgentSessions
 from app.errors import PlainError, error_response, render, validate_body
 from app.schemas import Error, Ok, error_responses
 from httpkit.openapi import documented
@@ -77,7 +77,7 @@ AUTH_SCHEME = {"agentSession": {
 
 class AgentUser(UserMixin):
     """Flask-Login's user: one agent, loaded through its server-side session on each request
-    (the cookie holds the session's token, not the agent's id: app/agent_sessions.py)."""
+    (the cookie holds the session's token, not the agent's id: app/agent/sessions.py)."""
 
     def __init__(self, info: AgentInfo, token: str):
         self.info, self.token = info, token

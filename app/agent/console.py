@@ -4,7 +4,7 @@
                          scripts (static/agent*.js) do the rest through the agent API
 
 The page itself needs no login: its script asks GET /api/agent/session and shows the login form
-on a 401, so everything that needs an agent lives behind /api/agent (app/agent_api.py). The shell
+on a 401, so everything that needs an agent lives behind /api/agent (app/agent/api.py). The shell
 is rendered in the language the agent asked for (?lang=zh|en, else Accept-Language); the script
 switches language in place.
 """

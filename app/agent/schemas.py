@@ -2,9 +2,9 @@
 views parse bodies with them (`validate_body`) and /openapi.json is generated from them, so the
 document states what the app enforces.
 
-    sign-in (app/agent_auth.py)     AgentLoginIn -> AgentSessionOut; CsrfHeader on every
+    sign-in (app/agent/auth.py)     AgentLoginIn -> AgentSessionOut; CsrfHeader on every
                                     state-changing request after login
-    inbox (app/agent_api.py)        ConversationListQuery -> ConversationList, ConversationDetail,
+    inbox (app/agent/api.py)        ConversationListQuery -> ConversationList, ConversationDetail,
                                     ClaimOut, AgentMessageIn -> MessageOut, ReportQuery -> ReportOut,
                                     AGENT_EVENTS (the SSE stream)
 """
@@ -28,7 +28,7 @@ class _AgentIn(BaseModel):
     error_messages: ClassVar[Errors] = Errors(body=BODY)
 
 
-# ---- sign-in (app/agent_auth.py) ---------------------------------------------------------------
+# ---- sign-in (app/agent/auth.py) ---------------------------------------------------------------
 class AgentLoginIn(_AgentIn):
     email: Annotated[str, Field(min_length=1, max_length=254), Errors("email: required, a string")]
     password: Annotated[str, Field(min_length=1, max_length=1024),
@@ -56,7 +56,7 @@ class CsrfHeader(BaseModel):
                                                            "GET /api/agent/session")
 
 
-# ---- the inbox and conversations (app/agent_api.py) ---------------------------------------------
+# ---- the inbox and conversations (app/agent/api.py) ---------------------------------------------
 STATUS = Literal["open", "pending_human", "human", "resolved"]
 
 

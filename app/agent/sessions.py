@@ -1,7 +1,7 @@
 """Agents' sign-ins, kept on the server. The session cookie (signed by Flask) carries a random
 token; the database keeps only its sha256, with when it expires and whether it was revoked. So
 logout ends the session for whoever holds a copy of the cookie, and disabling an agent ends all
-of theirs (app/agent_auth.py loads the agent through its session on every request).
+of theirs (app/agent/auth.py loads the agent through its session on every request).
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import secrets
 
 from sqlalchemy import delete, select, update
 
-from app.agents import AgentInfo, agent_info
-from app.db import Database
-from app.models import Agent, AgentSession, utcnow
+from app.agent.accounts import AgentInfo, agent_info
+from app.store.db import Database
+from app.store.models import Agent, AgentSession, utcnow
 
 
 def _digest(token: str) -> str:

@@ -1,5 +1,5 @@
 """The customer's side of a handoff to a human (same site-key auth, origins and limits as the
-chat API in app/chat.py):
+chat API in app/chat/routes.py):
 
     GET  /api/chat/sessions/<id>/events          SSE: the agent's messages, typing, status
                                                  (?site_key=... for EventSource; Last-Event-ID)
@@ -12,7 +12,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, g, jsonify, request
 
 from app import handoff_events
-from app.chat import _IN_SESSION, _cors, _ext, _session, _tenant_and_origin
+from app.chat.routes import _IN_SESSION, _cors, _ext, _session, _tenant_and_origin
 from app.errors import PlainError, render, validate_body
 from app.live_events import conversation_channel, sse_response
 from app.schemas import CHAT_EVENTS, ContactIn, CsatIn, Error, Ok, SessionPath, StatusOut, error_responses

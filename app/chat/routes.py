@@ -7,11 +7,11 @@ key in X-Site-Key; browsers may only call from the tenant's allowed origins.
     POST /api/chat/sessions/<id>/feedback        {"message_index", "rating", "comment"}
     POST /api/chat/sessions/<id>/handoff         -> {"status": "pending_human"}
     POST /api/chat/sessions/<id>/actions/<key>   {"confirm": true|false} -> the action's reply
-    (the live events, CSAT, contact and cancel routes of a handoff: app/chat_handoff.py)
+    (the live events, CSAT, contact and cancel routes of a handoff: app/chat/handoff.py)
 
 While a human is asked for or answering (status pending_human | human) the bot stays silent: a
 message is stored and shown to the agents, and the reply is {"reply": null, "status", ...}.
-Conversations live in the database (app/conversations.py). Only cleaned text (PII redacted,
+Conversations live in the database (app/store/conversations.py). Only cleaned text (PII redacted,
 banned terms masked) is stored, logged or sent to the model.
 Bodies are parsed by their models (app/schemas.py); every error is {"error": message}
 (app/errors.py).
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 import time
 from dataclasses import asdict
 
@@ -37,6 +36,7 @@ from flask import (
 
 from app import handoff_events
 from app.errors import PlainError, render, validate_body
+from app.limits import TurnSlot
 from app.schemas import (
     CHAT_STREAM,
     ActionAnswerIn,
@@ -193,24 +193,6 @@ def _sent_to_agents(tid: str, sid: str, index: int, status: str | None = None) -
     return {"reply": None, "status": status, "message_index": index, "waiting": _waiting(tid, sid, status)}
 
 
-class TurnSlot:
-    """One of CHAT_MAX_TURNS chat turns in flight, taken now or 503 + Retry-After: a turn holds a
-    request thread while it generates, and past that many, new customers and every other call
-    would queue behind them. Released once, however many paths release it."""
-
-    def __init__(self, slots: threading.BoundedSemaphore):
-        if not slots.acquire(blocking=False):
-            raise PlainError(503, "too many conversations in progress; retry after the Retry-After seconds",
-                           retry_after=2)
-        self._slots, self._lock, self._held = slots, threading.Lock(), True
-
-    def release(self) -> None:
-        with self._lock:
-            if self._held:
-                self._held = False
-                self._slots.release()
-
-
 def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot: TurnSlot) -> Response:
     """One chat turn; the turn slot is released when the reply (or its stream) ends."""
     chat = services.chat
@@ -329,5 +311,5 @@ def _start_handoff(tid: str, sid: str) -> None:
         return                                              # already waiting for or with a human
     current_app.extensions["web_metrics"].handoffs.labels("requested").inc()
     handoff_events.handoff_requested(tid, sid)
-    from app.tasks import start_or_queue, summarize_handoff
+    from app.jobs.tasks import start_or_queue, summarize_handoff
     start_or_queue(summarize_handoff, tid, sid)            # the broker down: sent once it is back

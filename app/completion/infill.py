@@ -20,8 +20,9 @@ import uuid
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from app.completion import API_ERRORS, _auth, _ext, _model_name, _openai_error, _service
-from app.completion_schemas import INFILL_STREAM, InfillOut
+from app.api_keys import API_ERRORS, api_key_routes
+from app.completion.routes import _ext, _model_name, _service
+from app.completion.schemas import INFILL_STREAM, InfillOut
 from app.tenants import hash_api_key
 from httpkit.errors import OpenAIError
 from httpkit.openapi import documented
@@ -30,9 +31,7 @@ from pipelines.completion import CompletionRequest, CompletionResult, parse_infi
 from pipelines.completion_schemas import InfillIn
 from pipelines.inference_client import InferenceError
 
-bp = Blueprint("infill", __name__)
-bp.before_request(_auth)
-bp.register_error_handler(OpenAIError, _openai_error)
+bp = api_key_routes(Blueprint("infill", __name__))
 
 
 @bp.post("/infill")

@@ -17,7 +17,6 @@ is OpenAI's error body (httpkit/errors.py).
 """
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import platform
@@ -28,9 +27,10 @@ import uuid
 from collections import Counter, OrderedDict
 from pathlib import Path
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 
-from app.completion_schemas import (
+from app.api_keys import API_ERRORS, api_key_routes
+from app.completion.schemas import (
     COMPLETION_STREAM,
     CompletionIn,
     CompletionOut,
@@ -41,7 +41,7 @@ from app.completion_schemas import (
     RepositoryJob,
     ServerSettingOut,
 )
-from app.schemas import METRICS, ApiError, JobPath, RepositoryQueued, error_responses
+from app.schemas import METRICS, ApiError, JobPath, RepositoryQueued
 from app.tenants import hash_api_key
 from httpkit.errors import OpenAIError, validate_request
 from httpkit.openapi import documented
@@ -50,9 +50,8 @@ from pipelines.completion import CompletionService, parse_request, service_for
 from pipelines.completion_cache import CompletionCache
 from pipelines.inference_client import InferenceError
 
-bp = Blueprint("completion", __name__, url_prefix="/v1")
-beta = Blueprint("completion_beta", __name__, url_prefix="/v1beta")        # Tabby's settings route
-API_ERRORS = error_responses(ApiError, 400, 401, 413, 429, 503)   # every authenticated route
+bp = api_key_routes(Blueprint("completion", __name__, url_prefix="/v1"))
+beta = api_key_routes(Blueprint("completion_beta", __name__, url_prefix="/v1beta"))   # Tabby's settings route
 
 
 class CompletionStats:
@@ -79,39 +78,12 @@ class CompletionStats:
         return {lang: self.events[(lang, "select")] / max(1, self.events[(lang, "view")]) for lang in langs}
 
 
-def _openai_error(exc: OpenAIError):
-    """The handler of every /v1 blueprint (completion, jobs, knowledge base)."""
-    return jsonify(exc.body()), exc.status, exc.headers
-
-
-bp.register_error_handler(OpenAIError, _openai_error)
-beta.register_error_handler(OpenAIError, _openai_error)
-
-
 def _ext() -> dict:
     return current_app.extensions["completion"]
 
 
 def _model_name() -> str:
     return current_app.config["COMPLETION_MODEL_NAME"]
-
-
-@bp.before_request
-@beta.before_request
-def _auth():
-    if request.path in ("/v1/health", "/v1/metrics") and request.method == "GET":
-        return None
-    header = request.headers.get("Authorization", "")
-    token = header[7:] if header.startswith("Bearer ") else ""
-    if not token:
-        raise OpenAIError(401, "missing Authorization: Bearer <api key>")
-    tenant = current_app.extensions["support_chat"]["tenants"].by_api_key(token)
-    digest = hash_api_key(token).encode()
-    env_ok = any(hmac.compare_digest(digest, h.encode()) for h in current_app.config["COMPLETION_API_KEY_HASHES"])
-    if tenant is None and not env_ok:
-        raise OpenAIError(401, "invalid API key")
-    g.api_tenant = tenant.tenant.tenant_id if tenant is not None else "default"
-    return None
 
 
 def _service() -> CompletionService:
@@ -241,7 +213,7 @@ def _version() -> dict[str, str]:
     except PackageNotFoundError:
         release = "0.0.0"
     sha = os.environ.get("GIT_SHA", "")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if not sha and (root / ".git").exists():
         try:
             sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -263,8 +235,8 @@ def index_repository():
         raise OpenAIError(403, "path: not under an allowed repository root (COMPLETION_REPO_ROOTS)", "path")
     if not real.is_dir():
         raise OpenAIError(400, f"path: {path} is not a directory", "path")
-    from app.tasks import BrokerUnavailable, start
-    from app.tasks import index_repository as task
+    from app.jobs.tasks import BrokerUnavailable, start
+    from app.jobs.tasks import index_repository as task
     job_id = uuid.uuid4().hex
     _ext()["jobs"].set(job_id, status="queued", name=name)
     try:
@@ -288,7 +260,7 @@ def repository_job(job_id: str):
 def init_completion(app) -> None:
     app.config["COMPLETION_API_KEY_HASHES"] = [hash_api_key(k) for k in app.config["COMPLETION_API_KEYS"] or []]
     app.config["COMPLETION_API_KEYS"] = None             # only the hashes are kept
-    from app.job_store import BatchStore, JobStore
+    from app.jobs.store import BatchStore, JobStore
     from monitoring.completion_metrics import CompletionMetrics
     from pipelines.completion_prompt import Languages
     app.extensions["completion"] = {"lock": threading.Lock(), "service": None, "stats": CompletionStats(),

@@ -1,4 +1,4 @@
-"""Request and response models of the code-completion API (app/completion.py, app/infill.py):
+"""Request and response models of the code-completion API (app/completion/routes.py, app/completion/infill.py):
 Tabby's and OpenAI's completion dialects, llama.cpp's /infill, events, health and repository
 indexing. The request bodies themselves belong to the pipeline (pipelines/completion_schemas.py);
 /openapi.json is generated from these (httpkit/openapi.py), as for app/schemas.py.

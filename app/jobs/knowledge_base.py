@@ -14,14 +14,12 @@ import uuid
 
 from flask import Blueprint, current_app, jsonify
 
-from app.completion import API_ERRORS, _auth, _openai_error
+from app.api_keys import API_ERRORS, api_key_routes
 from app.schemas import ApiError, JobPath, KbJob, RepositoryQueued
 from httpkit.errors import OpenAIError
 from httpkit.openapi import documented
 
-bp = Blueprint("kb", __name__, url_prefix="/v1/kb")
-bp.before_request(_auth)
-bp.register_error_handler(OpenAIError, _openai_error)
+bp = api_key_routes(Blueprint("kb", __name__, url_prefix="/v1/kb"))
 _ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -29,7 +27,7 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 @documented(responses={202: RepositoryQueued, **API_ERRORS}, tags=("knowledge base",))
 def reindex():
     """Queue a re-index of the knowledge base (embeds only what changed)."""
-    from app.tasks import BrokerUnavailable, index_knowledge_base, start
+    from app.jobs.tasks import BrokerUnavailable, index_knowledge_base, start
     job_id = uuid.uuid4().hex
     current_app.extensions["completion"]["jobs"].set(job_id, status="queued", kind="kb")
     try:

@@ -21,7 +21,7 @@ import uuid
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from app.completion import API_ERRORS, _auth, _openai_error
+from app.api_keys import API_ERRORS, api_key_routes
 from app.schemas import (
     JSONL,
     ApiError,
@@ -34,9 +34,7 @@ from app.schemas import (
 from httpkit.errors import OpenAIError, validate_request
 from httpkit.openapi import documented
 
-bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
-bp.before_request(_auth)
-bp.register_error_handler(OpenAIError, _openai_error)
+bp = api_key_routes(Blueprint("jobs", __name__, url_prefix="/v1/jobs"))
 _ID = re.compile(r"^[0-9a-f]{32}$")
 JSONL_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines")
 
@@ -76,7 +74,7 @@ def submit():
     found = _store().create(job_id, g.api_tenant, items, key)
     if found != job_id:                                  # the same key: the job it started
         return jsonify(_view(found)), 200
-    from app.tasks import BrokerUnavailable, run_batch, start
+    from app.jobs.tasks import BrokerUnavailable, run_batch, start
     try:
         start(run_batch, job_id)
     except BrokerUnavailable as exc:

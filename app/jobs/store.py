@@ -1,6 +1,6 @@
 """Background job status (repository and knowledge-base indexing) and batch-generation jobs:
 Redis when REDIS_URL is set, else in process. (Conversations are in the database:
-app/conversations.py.)
+app/store/conversations.py.)
 """
 from __future__ import annotations
 

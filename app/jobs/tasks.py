@@ -3,6 +3,9 @@ context so they reach the same store and inference client as the web routes.
 
 In the embedded default (no REDIS_URL) Celery runs tasks eagerly; the chat routes then start
 them on a background thread so a request never waits for one.
+
+Each task keeps the name it had when this module was app/tasks.py ("app.tasks.run_batch"), so
+messages already queued, and beat schedules, still reach it after an upgrade.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app.config_from_object(app.config["CELERY"])
     celery_app.set_default()
     app.extensions["celery"] = celery_app
-    from app.outbox import Outbox
+    from app.jobs.outbox import Outbox
     app.extensions["outbox"] = Outbox(publish)
     return celery_app
 
@@ -66,14 +69,15 @@ def start(task, *args) -> None:
 
 def start_or_queue(task, *args) -> None:
     """Queue a task, or, while the broker is down, keep it in this process's outbox
-    (app/outbox.py) until the broker takes it."""
+    (app/jobs/outbox.py) until the broker takes it."""
     try:
         start(task, *args)
     except BrokerUnavailable:
         current_app.extensions["outbox"].put(task, args)
 
 
-@shared_task(ignore_result=False, acks_late=True, max_retries=3, default_retry_delay=5)
+@shared_task(ignore_result=False, acks_late=True, max_retries=3, default_retry_delay=5,
+             name="app.tasks.summarize_handoff")
 def summarize_handoff(tenant_id: str, session_id: str) -> str:
     """Write the summary the agent taking the conversation over reads (status unchanged): the
     model's one or two sentences when the transcript supports them, else the customer's own
@@ -100,7 +104,7 @@ def summarize_handoff(tenant_id: str, session_id: str) -> str:
 RETENTION_SCHEDULE_S = 24 * 3600
 
 
-@shared_task(ignore_result=True, acks_late=True)
+@shared_task(ignore_result=True, acks_late=True, name="app.tasks.delete_old_conversations")
 def delete_old_conversations() -> int:
     """Delete conversations older than CONVERSATION_RETENTION_DAYS (messages, handoffs and
     feedback with them), and agent sessions that ended more than a day ago."""
@@ -112,7 +116,8 @@ def delete_old_conversations() -> int:
     return deleted
 
 
-@shared_task(ignore_result=False, acks_late=True, max_retries=2, default_retry_delay=5, time_limit=1800)
+@shared_task(ignore_result=False, acks_late=True, max_retries=2, default_retry_delay=5, time_limit=1800,
+             name="app.tasks.index_repository")
 def index_repository(job_id: str, name: str, path: str) -> int:
     """Build the BM25 code index of a repository folder for completion context."""
     from pipelines.code_index import CodeIndex, safe_name
@@ -133,7 +138,7 @@ def index_repository(job_id: str, name: str, path: str) -> int:
 
 
 @shared_task(bind=True, ignore_result=False, acks_late=True, autoretry_for=(InferenceError,), retry_backoff=2,
-             retry_backoff_max=60, max_retries=5, time_limit=1800)
+             retry_backoff_max=60, max_retries=5, time_limit=1800, name="app.tasks.index_knowledge_base")
 def index_knowledge_base(self, job_id: str) -> int:
     """Re-embed the help centre's articles if they changed, into the embeddings cache the web
     workers share (KB_CACHE_DIR, keyed by the folder's fingerprint): their next search loads it
@@ -160,7 +165,7 @@ BATCH_TIME_LIMIT_S = 3600
 
 @shared_task(bind=True, ignore_result=True, acks_late=True, autoretry_for=(InferenceError,), retry_backoff=2,
              retry_backoff_max=60, retry_jitter=True, max_retries=5, soft_time_limit=BATCH_TIME_LIMIT_S - 60,
-             time_limit=BATCH_TIME_LIMIT_S)
+             time_limit=BATCH_TIME_LIMIT_S, name="app.tasks.run_batch")
 def run_batch(self, job_id: str) -> None:
     """Generate every item of a batch job, in order, writing each result under its index.
 

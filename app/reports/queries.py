@@ -20,8 +20,8 @@ from collections import defaultdict
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import exists, select
 
-from app.db import Database
-from app.models import Conversation, Feedback, Handoff, utcnow
+from app.store.db import Database
+from app.store.models import Conversation, Feedback, Handoff, utcnow
 
 
 def _ratio(part: int, whole: int) -> float | None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.conversations import iso
-from app.db import Database
-from app.models import ActionCall, utcnow
+from app.store.conversations import iso
+from app.store.db import Database
+from app.store.models import ActionCall, utcnow
 
 
 def call_view(c: ActionCall) -> dict:

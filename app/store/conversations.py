@@ -1,6 +1,6 @@
 """The conversation store: customer chats, their messages and feedback, in the relational
-database (app/db.py, app/models.py). The chat API writes turns here; the agent API reads and
-answers them (its handoff lifecycle is in app/handoffs.py).
+database (app/store/db.py, app/store/models.py). The chat API writes turns here; the agent API reads and
+answers them (its handoff lifecycle is in app/store/handoffs.py).
 
 Every lookup carries the tenant id, so a conversation id from one tenant never opens another
 tenant's conversation (the query simply finds nothing). Messages are numbered 0, 1, 2 ... per
@@ -16,8 +16,8 @@ import secrets
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.db import Database
-from app.models import Conversation, Feedback, Handoff, Message, utcnow
+from app.store.db import Database
+from app.store.models import Conversation, Feedback, Handoff, Message, utcnow
 
 LAST_MESSAGE_CHARS = 160            # the inbox's preview of a conversation's last message
 

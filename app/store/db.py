@@ -3,7 +3,7 @@
     DATABASE_URL unset   sqlite:///<instance folder>/conversations.db (the embedded default)
     DATABASE_URL=postgresql+psycopg://user@host:5432/db    production (docker-compose)
 
-`Database.upgrade()` applies the Alembic migrations in app/migrations/ (`python -m app db
+`Database.upgrade()` applies the Alembic migrations in app/store/migrations/ (`python -m app db
 upgrade`); `create_app` runs it at start unless DB_AUTO_MIGRATE=0. On PostgreSQL an advisory lock
 makes web workers that start together apply them once. A database that cannot be reached raises
 DatabaseUnavailable, which the app answers with 503 + Retry-After.
@@ -135,7 +135,7 @@ def _alembic_config():
 
 
 def head_revision() -> str:
-    """The newest migration in app/migrations/, the one `upgrade()` reaches."""
+    """The newest migration in app/store/migrations/, the one `upgrade()` reaches."""
     from alembic.script import ScriptDirectory
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 

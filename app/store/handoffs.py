@@ -13,9 +13,9 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.conversations import ConversationStore, message_view
-from app.db import Database
-from app.models import Agent, AuditEvent, Conversation, Handoff, utcnow
+from app.store.conversations import ConversationStore, message_view
+from app.store.db import Database
+from app.store.models import Agent, AuditEvent, Conversation, Handoff, utcnow
 
 
 class Conflict(Exception):

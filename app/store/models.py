@@ -1,5 +1,5 @@
 """The conversation store's tables (SQLAlchemy 2.x declarative models). Alembic migrations in
-app/migrations/ create and change them; `python -m app db upgrade` applies them.
+app/store/migrations/ create and change them; `python -m app db upgrade` applies them.
 
     agents        a tenant's support agents (email, scrypt password hash, active flag)
     agent_sessions  each sign-in (only the token's hash); logout revokes it on the server

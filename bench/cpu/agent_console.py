@@ -36,8 +36,8 @@ import redis
 import requests
 from sqlalchemy import create_engine, text
 
-from app.agents import AgentAccounts
-from app.db import Database
+from app.agent.accounts import AgentAccounts
+from app.store.db import Database
 from bench.harness import (
     ROOT,
     cpu_model,

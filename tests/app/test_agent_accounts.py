@@ -1,4 +1,4 @@
-"""Agent accounts (app/agents.py) on a real SQLite file and a real PostgreSQL schema, and the
+"""Agent accounts (app/agent/accounts.py) on a real SQLite file and a real PostgreSQL schema, and the
 `python -m app agents ...` / `db ...` commands run as the shell runs them."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from app.agents import DEMO_EMAIL, AgentAccounts, AgentInfo
-from app.db import head_revision
-from app.models import Agent, AuditEvent
+from app.agent.accounts import DEMO_EMAIL, AgentAccounts, AgentInfo
+from app.store.db import head_revision
+from app.store.models import Agent, AuditEvent
 from tests.helpers.databases import BACKENDS, migrated_database
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def test_cli_manages_agents(tmp_path):
     assert cli("agents", "list", url=url).stdout.splitlines()[1].split()[-1] == "no"
     missing = cli("agents", "disable", "--email", "x@northwind.test", url=url)
     assert missing.returncode == 1 and missing.stderr.strip() == "error: no agent with email x@northwind.test"
-    from app.db import Database
+    from app.store.db import Database
     accounts = AgentAccounts(Database(url))
     assert accounts.authenticate("ana@northwind.test", PASSWORD) is None                 # disabled
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from app import create_app
-from app.agents import AgentAccounts
+from app.agent.accounts import AgentAccounts
 from tests.app.test_chat_api import TENANTS
 
 KEY = {"X-Site-Key": "demo-site-key"}

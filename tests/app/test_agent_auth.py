@@ -1,4 +1,4 @@
-"""Agent sign-in (app/agent_auth.py) through the real app: Flask's test client, a real SQLite
+"""Agent sign-in (app/agent/auth.py) through the real app: Flask's test client, a real SQLite
 file per test, the engine on the tiny random model behind the app (never reached here)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from flask import Blueprint, jsonify
 
 from app import create_app
-from app.agent_auth import agent_required, current_agent, instance_secret_key
+from app.agent.auth import agent_required, current_agent, instance_secret_key
 from httpkit.openapi import build_spec
 
 EMAIL, PASSWORD = "ana@northwind.test", "correct horse battery"

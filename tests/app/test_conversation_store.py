@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from app.conversations import ConversationStore
-from app.handoffs import Conflict, Handoffs, NotFound
-from app.models import Agent, Conversation, utcnow
-from app.reports import report
+from app.reports.queries import report
+from app.store.conversations import ConversationStore
+from app.store.handoffs import Conflict, Handoffs, NotFound
+from app.store.models import Agent, Conversation, utcnow
 from tests.helpers.databases import BACKENDS, fresh_database_url, migrated_database
 
 
@@ -199,7 +199,7 @@ def test_report_counts_handoffs_first_replies_and_csat(db):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
-    from app.db import Database
+    from app.store.db import Database
     with fresh_database_url(backend, tmp_path) as url:
         db = Database(url)
         assert db.current() is None

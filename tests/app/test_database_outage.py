@@ -4,7 +4,7 @@ request migrates it and is served."""
 from __future__ import annotations
 
 from app import create_app
-from app.db import head_revision
+from app.store.db import head_revision
 from tests.helpers.net import free_port
 
 KEY = {"X-Site-Key": "demo-site-key"}

@@ -14,7 +14,7 @@ import schemathesis
 from schemathesis.core.parameters import ParameterLocation
 
 from app import create_app
-from app.agents import AgentAccounts
+from app.agent.accounts import AgentAccounts
 from tests.helpers.fuzz import fuzz
 
 CHAT_KEY, API_KEY = {"X-Site-Key": "demo-site-key"}, {"Authorization": "Bearer demo-api-key"}

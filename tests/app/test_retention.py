@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 from app import create_app
-from app.models import Conversation, utcnow
-from app.tasks import RETENTION_SCHEDULE_S, delete_old_conversations
+from app.jobs.tasks import RETENTION_SCHEDULE_S, delete_old_conversations
+from app.store.models import Conversation, utcnow
 
 KEY = {"X-Site-Key": "demo-site-key"}
 

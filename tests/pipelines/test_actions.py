@@ -7,9 +7,9 @@ import threading
 import pytest
 from flask import Flask
 
-from app.action_log import SqlCallLog
-from app.db import Database
-from app.demo_orders import init_demo_orders
+from app.chat.demo_orders import init_demo_orders
+from app.store.action_log import SqlCallLog
+from app.store.db import Database
 from configs import shipped
 from pipelines.actions import FAILED, ActionRunner, ActionSpec, grounded, load_actions, plan
 from pipelines.inference_client import InferenceError

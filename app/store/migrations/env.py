@@ -1,9 +1,9 @@
-"""Alembic's environment: run by app/db.py (Database.upgrade / downgrade) with an open
+"""Alembic's environment: run by app/store/db.py (Database.upgrade / downgrade) with an open
 connection, or by the `alembic` command with sqlalchemy.url set in its config."""
 from alembic import context
 from sqlalchemy import create_engine
 
-from app.models import Base
+from app.store.models import Base
 
 config = context.config
 
