@@ -106,7 +106,8 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     registry.register(ReliabilityCollector(lambda: services.built_client))
     registry.register(DegradationCollector(app))
     tenants = app.extensions["support_chat"]["tenants"]
-    registry.register(ReportCollector(db, lambda: [t.tenant.tenant_id for t in tenants.tenants]))
+    registry.register(ReportCollector(db, lambda: [t.tenant.tenant_id for t in tenants.tenants],
+                                      window_h=app.config["RESOLUTION_WINDOW_H"]))
     init_limits(app, (chat_bp, chat_handoff_bp), completion_bp, beta_bp, infill_bp, jobs_bp, kb_bp)
     app.register_blueprint(chat_bp)
     app.register_blueprint(chat_handoff_bp)

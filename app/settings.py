@@ -28,6 +28,8 @@ class WebSettings(BaseSettings):
     db_auto_migrate: bool = True                            # apply migrations when an app starts
     conversation_retention_days: int = Field(90, gt=0)      # older conversations are deleted (app/jobs/tasks.py)
     handoff_wait_s: float = Field(300.0, gt=0)              # unanswered this long: offer email or the bot
+    # a customer silent this long after the bot answered counts as resolved (app/reports/resolution.py)
+    resolution_window_h: float = Field(24.0, gt=0, le=24 * 30)
     # the agent console's sessions (app/agent/auth.py): the key that signs session cookies and CSRF
     # tokens (unset: a random one kept in the instance folder), Secure cookies (unset: unless plain
     # http to a loopback address), login attempts allowed per client IP and per email
@@ -74,6 +76,7 @@ class WebSettings(BaseSettings):
             "REDIS_URL": self.redis_url,
             "DATABASE_URL": self.database_url, "DB_AUTO_MIGRATE": self.db_auto_migrate,
             "CONVERSATION_RETENTION_DAYS": self.conversation_retention_days, "HANDOFF_WAIT_S": self.handoff_wait_s,
+            "RESOLUTION_WINDOW_H": self.resolution_window_h,
             "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,
             "AGENT_LOGIN_LIMIT": self.agent_login_limit,
             "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "INTENTS_PATH": self.intents_path,

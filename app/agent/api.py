@@ -205,10 +205,12 @@ def events():
 @bp.get("/reports")
 @documented(query=ReportQuery, responses={200: ReportOut, **_ERRORS}, tags=("agent",))
 def reports():
-    """Conversations, bot-resolved share, handoff rate, median first human response and CSAT for
-    the conversations started between `from` and `to` (inclusive dates, UTC; default the last 7 days)."""
+    """Conversations, resolution rate and outcomes, handoff rate, median first human response and
+    CSAT for the conversations started between `from` and `to` (inclusive dates, UTC; default the
+    last 7 days)."""
     query = validate_body(ReportQuery, request.args.to_dict())
     start = dt.datetime.combine(query.start, dt.time(0), dt.UTC)
     end = dt.datetime.combine(query.end + dt.timedelta(days=1), dt.time(0), dt.UTC)
-    body = report(current_app.extensions["db"], current_agent().tenant_id, start, end)
+    window = dt.timedelta(hours=current_app.config["RESOLUTION_WINDOW_H"])
+    body = report(current_app.extensions["db"], current_agent().tenant_id, start, end, window)
     return jsonify({"from": query.start.isoformat(), "to": query.end.isoformat(), **body})

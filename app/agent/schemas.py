@@ -205,6 +205,15 @@ class ReportDay(BaseModel):
     conversations: int
     handoffs: int
     csat_average: float | None
+    resolution_rate: float | None
+
+
+class ReportOutcomes(BaseModel):
+    bot_resolved: int
+    handed_off: int
+    human_resolved: int
+    abandoned: int
+    reopened: int
 
 
 class ReportOut(BaseModel):
@@ -218,6 +227,11 @@ class ReportOut(BaseModel):
     median_first_human_response_s: float | None
     csat_average: float | None
     csat_count: int
+    resolution_rate: float | None = Field(description="bot_resolved over the decided conversations (0..1): "
+                                          "Intercom Fin's rule, see docs/agent-console.md")
+    outcomes: ReportOutcomes = Field(description="conversations per outcome")
+    undecided: int = Field(description="conversations still inside the resolution window")
+    resolution_window_h: float
     daily: list[ReportDay]
 
 

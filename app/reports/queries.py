@@ -5,6 +5,9 @@
     bot_resolved_share               share the bot handled alone (no handoff)
     median_first_human_response_s    handoff request -> the agent's first reply (median)
     csat_average, csat_count         end-of-conversation ratings (1-5) given in the range
+    resolution_rate, outcomes        each conversation's outcome (app/reports/resolution.py): the
+                                     bot-resolved share of the decided ones, and the count per
+                                     outcome; `undecided` counts those still inside the window
 
 `GET /api/agent/reports` returns them with a per-day breakdown; `ReportCollector` exports the
 last 24 hours per tenant as Prometheus gauges (monitoring/grafana/dashboard.json shows them).
@@ -18,23 +21,41 @@ import time
 from collections import defaultdict
 
 from prometheus_client.core import GaugeMetricFamily
-from sqlalchemy import exists, select
+from sqlalchemy import and_, exists, func, select
+from sqlalchemy.orm import aliased
 
+from app.reports.resolution import OUTCOMES, Facts, outcome, resolution_rate
 from app.store.db import Database
-from app.store.models import Conversation, Feedback, Handoff, utcnow
+from app.store.models import Conversation, Feedback, Handoff, Message, utcnow
+
+DEFAULT_WINDOW = dt.timedelta(hours=24)
 
 
 def _ratio(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime) -> dict:
-    """The numbers for conversations started in [start, end) (UTC)."""
+def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
+           window: dt.timedelta = DEFAULT_WINDOW, now: dt.datetime | None = None) -> dict:
+    """The numbers for conversations started in [start, end) (UTC); outcomes as of `now`."""
+    now = now or utcnow()
+    in_range = (Conversation.tenant_id == tenant, Conversation.num_messages > 0,
+                Conversation.created_at >= start, Conversation.created_at < end)
     with db.session(readonly=True) as s:
         handed = exists().where(Handoff.conversation_id == Conversation.id)
-        convs = s.execute(select(Conversation.created_at, handed).where(
-            Conversation.tenant_id == tenant, Conversation.num_messages > 0,
-            Conversation.created_at >= start, Conversation.created_at < end)).all()
+        agent_took_part = exists().where(Handoff.conversation_id == Conversation.id, Handoff.claimed_at.is_not(None))
+        thumbs_up = exists().where(Feedback.conversation_id == Conversation.id, Feedback.kind == "message",
+                                   Feedback.rating == "up")
+        last_customer = (select(Message.conversation_id, func.max(Message.created_at).label("at"))
+                         .join(Conversation, Conversation.id == Message.conversation_id)
+                         .where(Message.role == "user", *in_range).group_by(Message.conversation_id).subquery())
+        last = aliased(Message)
+        convs = s.execute(
+            select(Conversation.created_at, handed, Conversation.status, agent_took_part, thumbs_up,
+                   last_customer.c.at, last.role, last.grounding, last.action)
+            .outerjoin(last_customer, last_customer.c.conversation_id == Conversation.id)
+            .outerjoin(last, and_(last.conversation_id == Conversation.id, last.seq == Conversation.num_messages - 1))
+            .where(*in_range)).all()
         replies = s.execute(select(Handoff.requested_at, Handoff.first_reply_at).where(
             Handoff.tenant_id == tenant, Handoff.first_reply_at.is_not(None),
             Handoff.requested_at >= start, Handoff.requested_at < end)).all()
@@ -42,37 +63,52 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime) -> d
             Conversation, Conversation.id == Feedback.conversation_id).where(
             Conversation.tenant_id == tenant, Feedback.kind == "csat",
             Feedback.created_at >= start, Feedback.created_at < end)).all()
-    daily: dict[dt.date, dict] = defaultdict(lambda: {"conversations": 0, "handoffs": 0, "ratings": []})
-    for created, had_handoff in convs:
+    daily: dict[dt.date, dict] = defaultdict(_empty_day)
+    outcomes = dict.fromkeys(OUTCOMES, 0)
+    undecided = 0
+    for created, had_handoff, *facts in convs:
         day = daily[created.date()]
         day["conversations"] += 1
         day["handoffs"] += int(bool(had_handoff))
+        result = outcome(Facts(facts[0], bool(facts[1]), bool(facts[2]), *facts[3:]), now, window)
+        if result is None:
+            undecided += 1
+        else:
+            outcomes[result] += 1
+            day["outcomes"][result] += 1
     for created, rating in ratings:
         daily[created.date()]["ratings"].append(int(rating))
     waits = [(first - asked).total_seconds() for asked, first in replies]
     scores = [int(r) for _, r in ratings]
-    num_handoffs = sum(1 for _, h in convs if h)
+    num_handoffs = sum(1 for row in convs if row[1])
     days = []
     day = start.date()
     while day < end.date() or (day == end.date() and end.time() != dt.time(0)):
-        d = daily.get(day, {"conversations": 0, "handoffs": 0, "ratings": []})
+        d = daily.get(day) or _empty_day()
         days.append({"date": day.isoformat(), "conversations": d["conversations"], "handoffs": d["handoffs"],
-                     "csat_average": round(statistics.fmean(d["ratings"]), 2) if d["ratings"] else None})
+                     "csat_average": round(statistics.fmean(d["ratings"]), 2) if d["ratings"] else None,
+                     "resolution_rate": resolution_rate(d["outcomes"])})
         day += dt.timedelta(days=1)
     return {"conversations": len(convs), "handoffs": num_handoffs,
             "handoff_rate": _ratio(num_handoffs, len(convs)),
             "bot_resolved_share": _ratio(len(convs) - num_handoffs, len(convs)),
             "median_first_human_response_s": round(statistics.median(waits), 1) if waits else None,
             "csat_average": round(statistics.fmean(scores), 2) if scores else None,
-            "csat_count": len(scores), "daily": days}
+            "csat_count": len(scores), "resolution_rate": resolution_rate(outcomes), "outcomes": outcomes,
+            "undecided": undecided, "resolution_window_h": window.total_seconds() / 3600, "daily": days}
+
+
+def _empty_day() -> dict:
+    return {"conversations": 0, "handoffs": 0, "ratings": [], "outcomes": dict.fromkeys(OUTCOMES, 0)}
 
 
 class ReportCollector:
     """Prometheus gauges of the last 24 hours' report, per tenant (`support_report_*`); the
     database is asked at most once per `cache_s`, however often Prometheus scrapes."""
 
-    def __init__(self, db: Database, tenant_ids, cache_s: float = 30.0):
+    def __init__(self, db: Database, tenant_ids, cache_s: float = 30.0, window_h: float = 24.0):
         self.db, self.tenant_ids, self.cache_s = db, tenant_ids, cache_s
+        self.window = dt.timedelta(hours=window_h)
         self._lock = threading.Lock()
         self._cached: tuple[float, dict[str, dict]] | None = None
 
@@ -81,7 +117,8 @@ class ReportCollector:
             if self._cached is None or time.monotonic() - self._cached[0] > self.cache_s:
                 end = utcnow()
                 try:
-                    reports = {t: report(self.db, t, end - dt.timedelta(days=1), end) for t in self.tenant_ids()}
+                    reports = {t: report(self.db, t, end - dt.timedelta(days=1), end, self.window, end)
+                               for t in self.tenant_ids()}
                 except Exception:                   # the database is down: no gauges this scrape
                     reports = {}
                 self._cached = (time.monotonic(), reports)
@@ -95,7 +132,9 @@ class ReportCollector:
                   ("median_first_human_response_s", "first_human_response_median_seconds",
                    "Median seconds from a handoff request to the first agent reply, last 24 h"),
                   ("csat_average", "csat_average", "Average end-of-conversation rating (1-5), last 24 h"),
-                  ("csat_count", "csat_ratings", "End-of-conversation ratings given, last 24 h"))
+                  ("csat_count", "csat_ratings", "End-of-conversation ratings given, last 24 h"),
+                  ("resolution_rate", "resolution_ratio",
+                   "Share of the last 24 h's decided conversations the bot resolved (Fin's rule)"))
         reports = self._reports()
         for key, name, doc in fields:
             family = GaugeMetricFamily(f"support_report_{name}", doc, labels=["tenant"])
@@ -103,3 +142,9 @@ class ReportCollector:
                 if rep[key] is not None:
                     family.add_metric([tenant], float(rep[key]))
             yield family
+        family = GaugeMetricFamily("support_report_outcomes", "Conversations started in the last 24 h, by outcome "
+                                   "(undecided: still inside the resolution window)", labels=["tenant", "outcome"])
+        for tenant, rep in reports.items():
+            for name, count in [*rep["outcomes"].items(), ("undecided", rep["undecided"])]:
+                family.add_metric([tenant, name], float(count))
+        yield family

@@ -50,8 +50,12 @@ export function renderReports() {
   const r = last;
   const csat = r.csat_average == null ? t("r_none") : t("r_csat_value", { avg: number(r.csat_average, 2) });
   const ratings = r.csat_count ? t(Number(r.csat_count) === 1 ? "r_csat_one" : "r_csat_count", { n: number(r.csat_count) }) : null;
+  const o = r.outcomes || {};
+  const outcomes = t("r_outcomes", { resolved: number(o.bot_resolved || 0), abandoned: number(o.abandoned || 0),
+    undecided: number(r.undecided || 0) });
   const cards = [
     ["conversations", t("r_conversations"), number(r.conversations)],
+    ["resolution_rate", t("r_resolution"), r.resolution_rate == null ? t("r_none") : percent(r.resolution_rate), outcomes],
     ["bot_resolved_share", t("r_bot_resolved"), percent(r.bot_resolved_share)],
     ["handoff_rate", t("r_handoff_rate"), percent(r.handoff_rate)],
     ["median_first_human_response_s", t("r_first_response"),
@@ -125,11 +129,12 @@ function renderTable(daily) {
   const table = $("reports-table");
   table.textContent = "";
   table.appendChild(h("thead", null, [h("tr", null, [
-    t("date"), t("chartSeriesConversations"), t("chartSeriesHandoffs"), t("csatAverage"),
+    t("date"), t("chartSeriesConversations"), t("chartSeriesHandoffs"), t("r_resolution"), t("csatAverage"),
   ].map((label) => h("th", { scope: "col", text: label })))]));
   table.appendChild(h("tbody", null, daily.map((d) => h("tr", null, [
     h("th", { scope: "row", text: String(d.date || "") }),
     h("td", { text: number(d.conversations) }), h("td", { text: number(d.handoffs) }),
+    h("td", { text: d.resolution_rate == null ? t("r_none") : percent(d.resolution_rate) }),
     h("td", { text: d.csat_average == null ? t("r_none") : number(d.csat_average, 2) }),
   ]))));
 }

@@ -97,6 +97,7 @@ def test_a_handoff_from_request_to_rating(app):
     report = dana.get("/api/agent/reports").get_json()
     assert report["conversations"] >= 1 and report["csat_count"] >= 1 and report["handoff_rate"] > 0
     assert report["median_first_human_response_s"] is not None and len(report["daily"]) == 7
+    assert report["outcomes"]["reopened"] >= 1 and report["resolution_window_h"] == 24     # resolved, then back
 
 
 def test_agents_see_only_their_tenant(app):

@@ -216,3 +216,55 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db.downgrade("base")
         assert db.current() is None and set(db.table_names()) <= {"alembic_version"}
         db.dispose()
+
+
+def test_each_conversation_gets_its_outcome_under_the_resolution_window(db):
+    """Fin's rule: the bot resolved a conversation the customer confirmed (thumbs up) or left, after
+    an answer, for the whole window; an agent's conversations are handed off, resolved or reopened."""
+    store, handoffs = ConversationStore(db), Handoffs(db)
+    dana = add_agent(db, "demo", "dana@x.test", "Dana")
+
+    def chat(*replies):
+        sid = store.create("demo")
+        for reply in replies:
+            store.append("demo", sid, {"role": "user", "content": "a question"})
+            if reply is not None:
+                store.append("demo", sid, {"role": "assistant", "content": "an answer", **reply})
+        return sid
+    answered = {"grounding": "quoted"}
+    left_after_answer = chat(answered)
+    chat({"grounding": "unanswerable"})                                 # the help centre had nothing
+    chat(answered, None)                                                # the last question got no reply
+    chat({"grounding": "verified_generated",
+          "action": {"name": "get_order_status", "status": "needs_input"}})   # still asking, then gone
+    confirmed = chat(answered)
+    store.add_feedback("demo", confirmed, {"kind": "message", "message_index": 1, "rating": "up"})
+    waiting = chat(answered)
+    handoffs.request("demo", waiting)
+    resolved = chat(answered)
+    handoffs.request("demo", resolved)
+    handoffs.claim("demo", resolved, dana)
+    handoffs.resolve("demo", resolved, dana)
+    back = chat(answered)
+    handoffs.request("demo", back)
+    handoffs.claim("demo", back, dana)
+    handoffs.resolve("demo", back, dana)
+    assert handoffs.reopen("demo", back)
+    cancelled = chat(answered)
+    handoffs.request("demo", cancelled)
+    assert handoffs.cancel("demo", cancelled) == "open"
+
+    start, now = utcnow() - dt.timedelta(hours=1), utcnow()
+    soon = report(db, "demo", start, now + dt.timedelta(minutes=1), now=now + dt.timedelta(hours=1))
+    assert soon["outcomes"] == {"bot_resolved": 1, "handed_off": 1, "human_resolved": 1, "abandoned": 0,
+                                "reopened": 1}
+    assert soon["undecided"] == 5 and soon["resolution_rate"] == round(1 / 4, 4)
+    later = report(db, "demo", start, now + dt.timedelta(minutes=1), now=now + dt.timedelta(hours=25))
+    assert later["outcomes"] == {"bot_resolved": 3, "handed_off": 1, "human_resolved": 1, "abandoned": 3,
+                                 "reopened": 1}
+    assert later["undecided"] == 0 and later["resolution_rate"] == round(3 / 9, 4)
+    assert later["daily"][-1]["resolution_rate"] == round(3 / 9, 4)
+    short = report(db, "demo", start, now + dt.timedelta(minutes=1), dt.timedelta(hours=2),
+                   now=now + dt.timedelta(hours=3))
+    assert short["outcomes"] == later["outcomes"] and short["resolution_window_h"] == 2
+    assert left_after_answer and report(db, "other", start, now)["outcomes"]["bot_resolved"] == 0

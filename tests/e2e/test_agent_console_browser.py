@@ -254,6 +254,7 @@ def test_handoff_between_widget_and_agent_console(server, browser):
     # --- reports, the shortcuts help, and the console in Chinese
     a("reports-tab").click()
     expect(a("report-conversations")).to_contain_text("1")
+    expect(a("report-resolution_rate")).to_contain_text("%")          # the conversation came back: reopened
     expect(a("reports-bars")).to_be_visible()
     agent.keyboard.press("?")
     expect(a("shortcuts-dialog")).to_be_visible()
