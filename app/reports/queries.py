@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 from prometheus_client.core import GaugeMetricFamily
-from sqlalchemy import and_, exists, func, select
+from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import aliased
 
 from app.reports.resolution import OUTCOMES, Facts, outcome, resolution_rate
@@ -46,14 +46,10 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
         agent_took_part = exists().where(Handoff.conversation_id == Conversation.id, Handoff.claimed_at.is_not(None))
         thumbs_up = exists().where(Feedback.conversation_id == Conversation.id, Feedback.kind == "message",
                                    Feedback.rating == "up")
-        last_customer = (select(Message.conversation_id, func.max(Message.created_at).label("at"))
-                         .join(Conversation, Conversation.id == Message.conversation_id)
-                         .where(Message.role == "user", *in_range).group_by(Message.conversation_id).subquery())
-        last = aliased(Message)
+        last = aliased(Message)                       # the conversation's last message
         convs = s.execute(
             select(Conversation.created_at, handed, Conversation.status, agent_took_part, thumbs_up,
-                   last_customer.c.at, last.role, last.grounding, last.action)
-            .outerjoin(last_customer, last_customer.c.conversation_id == Conversation.id)
+                   Conversation.updated_at, last.role, last.grounding, last.action)
             .outerjoin(last, and_(last.conversation_id == Conversation.id, last.seq == Conversation.num_messages - 1))
             .where(*in_range)).all()
         replies = s.execute(select(Handoff.requested_at, Handoff.first_reply_at).where(

@@ -6,13 +6,14 @@ window (24 hours by default, RESOLUTION_WINDOW_H).
     reopened        an agent had resolved it and the customer wrote again (back with the bot)
     handed_off      it waits for, or is with, an agent (pending_human, human)
     bot_resolved    no agent took part, and the customer gave a thumbs-up to a reply, or the bot's
-                    last reply answered and the customer wrote nothing more for the window
+                    last reply answered and the conversation then stayed quiet for the window
     abandoned       no agent took part, the window passed, and the customer's last message got no
                     answer: no reply at all, or one that did not answer (the help centre had
                     nothing, a clarifying question, an action still asking for its order number)
 
-A conversation with no agent whose customer wrote within the window, without a thumbs-up, is
-undecided: it counts once the window has passed. A handoff the customer cancelled before an agent
+A conversation with no agent that was active within the window (its last message, the bot's reply
+coming seconds after the customer's), without a thumbs-up, is undecided: it counts once the
+window has passed. A handoff the customer cancelled before an agent
 claimed it leaves the conversation with the bot, judged as if it had none.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Facts:
     status: str                            # open | pending_human | human | resolved
     agent_took_part: bool                  # an agent claimed one of its handoffs
     thumbs_up: bool                        # the customer rated a reply up
-    last_customer_at: dt.datetime | None
+    last_activity_at: dt.datetime | None    # the conversation's last change (its last message)
     last_role: str | None                  # who wrote the last message
     last_grounding: str | None             # that message's grounding, if the bot's
     last_action: dict | None               # that message's action, if the bot's
@@ -47,7 +48,7 @@ def outcome(f: Facts, now: dt.datetime, window: dt.timedelta) -> str | None:
         return "reopened"
     if f.thumbs_up:
         return "bot_resolved"
-    if f.last_customer_at is not None and now - f.last_customer_at < window:
+    if f.last_activity_at is not None and now - f.last_activity_at < window:
         return None
     answered = (f.last_role == "assistant" and f.last_grounding not in NOT_ANSWERED
                 and (f.last_action or {}).get("status") not in ASKING)
