@@ -23,7 +23,7 @@ import random
 import secrets
 import time
 
-from bench.harness import cpu_model, git_commit, nearest_rank, result_path, write_result
+from bench.harness import cpu_model, git_commit, host_times, nearest_rank, result_path, write_result
 
 POSTGRES_ROOT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 PASSWORD = "bench-password-123"
@@ -72,13 +72,8 @@ def seed(db, tenant: str, n: int, now: dt.datetime, rng: random.Random, agent_id
 
 
 def times(fn, reps: int) -> list[float]:
-    fn()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    """Milliseconds of each call, after a warm-up."""
+    return [1e3 * t for t in host_times(fn, reps)]
 
 
 def main() -> None:
