@@ -126,9 +126,9 @@ class ActionSpec(BaseModel):
         """The message asks for this action in one of the ways `requests` lists."""
         return any(re.search(p, text, re.IGNORECASE) for p in self.requests)
 
-    def named_parameters(self, said: str) -> bool:
-        """The customer wrote a value of a parameter that has a pattern (an order number)."""
-        return bool(_pattern_values(self, said, re.IGNORECASE))
+    def named_parameters(self, text: str) -> bool:
+        """The message holds a value of a parameter that has a pattern (an order number)."""
+        return bool(_pattern_values(self, text, re.IGNORECASE))
 
     def tool(self) -> dict:
         """The OpenAI tool definition the model sees."""
@@ -258,15 +258,15 @@ def plan(call_tool: Callable[[list[dict], list[dict], str | None], tuple[str, di
     """The action this turn calls and its arguments, or None (answer from the help centre).
 
     `pending`: the action a previous turn asked a parameter for ({"name", "arguments"}); this
-    message may be the answer. Without it, an action is a candidate when the customer named one
-    of its parameters (an order number) or asked for it as its `requests` say; questions about
+    message may be the answer. Without it, an action is a candidate when this message names one
+    of its parameters (an order number) or asks for it as its `requests` say; questions about
     how things work ("how long until my refund arrives?") get the help centre's answer, without
-    a model call."""
+    a model call, even after an earlier message gave an order number."""
     said = customer_text(history, text)
     if pending is not None:
         candidates = [s for s in specs if s.name == pending.get("name")]
     else:
-        candidates = [s for s in specs if intent in s.intents and (s.asked_for(text) or s.named_parameters(said))]
+        candidates = [s for s in specs if intent in s.intents and (s.asked_for(text) or s.named_parameters(text))]
     if not candidates:
         return None
     messages = [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": said}]

@@ -49,7 +49,7 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
         last = aliased(Message)                       # the conversation's last message
         convs = s.execute(
             select(Conversation.created_at, handed, Conversation.status, agent_took_part, thumbs_up,
-                   Conversation.updated_at, last.role, last.grounding, last.action)
+                   Conversation.updated_at, last.role, last.grounding, last.action["status"].as_string())
             .outerjoin(last, and_(last.conversation_id == Conversation.id, last.seq == Conversation.num_messages - 1))
             .where(*in_range)).all()
         replies = s.execute(select(Handoff.requested_at, Handoff.first_reply_at).where(
@@ -62,11 +62,14 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
     daily: dict[dt.date, dict] = defaultdict(_empty_day)
     outcomes = dict.fromkeys(OUTCOMES, 0)
     undecided = 0
-    for created, had_handoff, *facts in convs:
+    num_handoffs = 0
+    for created, had_handoff, status, agent, thumbs, updated, role, grounding, action_status in convs:
         day = daily[created.date()]
         day["conversations"] += 1
         day["handoffs"] += int(bool(had_handoff))
-        result = outcome(Facts(facts[0], bool(facts[1]), bool(facts[2]), *facts[3:]), now, window)
+        num_handoffs += int(bool(had_handoff))
+        result = outcome(Facts(status, bool(agent), bool(thumbs), updated, role, grounding, action_status), now,
+                         window)
         if result is None:
             undecided += 1
         else:
@@ -76,7 +79,6 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
         daily[created.date()]["ratings"].append(int(rating))
     waits = [(first - asked).total_seconds() for asked, first in replies]
     scores = [int(r) for _, r in ratings]
-    num_handoffs = sum(1 for row in convs if row[1])
     days = []
     day = start.date()
     while day < end.date() or (day == end.date() and end.time() != dt.time(0)):

@@ -35,7 +35,7 @@ class Facts:
     last_activity_at: dt.datetime | None    # the conversation's last change (its last message)
     last_role: str | None                  # who wrote the last message
     last_grounding: str | None             # that message's grounding, if the bot's
-    last_action: dict | None               # that message's action, if the bot's
+    last_action_status: str | None         # that message's action's status, if the bot's
 
 
 def outcome(f: Facts, now: dt.datetime, window: dt.timedelta) -> str | None:
@@ -51,7 +51,7 @@ def outcome(f: Facts, now: dt.datetime, window: dt.timedelta) -> str | None:
     if f.last_activity_at is not None and now - f.last_activity_at < window:
         return None
     answered = (f.last_role == "assistant" and f.last_grounding not in NOT_ANSWERED
-                and (f.last_action or {}).get("status") not in ASKING)
+                and f.last_action_status not in ASKING)
     return "bot_resolved" if answered else "abandoned"
 
 

@@ -98,6 +98,10 @@ def test_questions_about_how_things_work_get_no_action_and_no_model_call(intent,
     centre's (they were answered "what is your order number?" while "my" alone opened an action)."""
     call_tool, calls = _model(("start_return", {"order_id": "NW-1234567", "items": ["x"]}))
     assert plan(call_tool, SPECS, intent, [], question) is None and calls == []
+    earlier = [{"role": "user", "content": "where is my order NW-1234567?"},
+               {"role": "assistant", "content": "Order NW-1234567 is in transit.",
+                "action": {"name": "get_order_status", "status": "succeeded"}}]
+    assert plan(call_tool, SPECS, intent, earlier, question) is None and calls == []   # its number, said before
 
 
 @pytest.mark.parametrize("intent,message,action", [
