@@ -5,9 +5,13 @@ A sentence passes when
     the same currency sign or range start before it and the word after it among the two that follow
     it there ("€50 per day" fails against "€7 per day ... excess to €50", "5 days" against
     "3-5 days"); a count in words ("five times") counts as its number;
+  - each number stays with its fact: the words around it in the sentence do not fit another
+    number of the passages clearly better ("a full charge takes 6 hours" fails against "a full
+    charge takes 2 hours and gives ... 6 hours on Pulse");
   - every placeholder in it ("[EMAIL]") is in a cited passage;
   - every name in it (a capitalised word past the sentence's start: a brand, a plan, a carrier)
     appears in a cited passage or the tenant's name;
+  - a bare "Yes." or "No." fails: it states an answer with nothing to check it by;
   - it says yes where the help centre says yes: negated ("not", "never", "can't", a leading "No")
     exactly when the cited span that supports it best is;
   - it is supported: its embedding's cosine to the best cited span is at least `min_support`, or,
@@ -45,6 +49,12 @@ _COUNT_WORDS.update(twice="2", thrice="3")
 _COUNT = re.compile(r"\b(?:" + "|".join(_COUNT_WORDS) + r")\b", re.IGNORECASE)
 _PLACEHOLDER = re.compile(r"\[[A-Z_]+\]")
 _AFTER = re.compile(r"[\s-]*([^\W\d_]+)(?:\s+([^\W\d_]+))?")
+_YES_NO = re.compile(r"\s*(?:yes|no)\b", re.IGNORECASE)
+# where a number's surroundings end: the sentence, another number, and in a reply also a comma
+_SOURCE_CUT = re.compile(r"[.!?](?:\s|$)|\n|\d")
+_REPLY_CUT = re.compile(r"[.!?,;](?:\s|$)|\n|\d")
+_NEAR_WORDS = 8
+_CLEARLY_BETTER = 2           # words more in common with another number's surroundings than its own
 
 
 @dataclass(frozen=True)
@@ -64,8 +74,10 @@ class SentenceVerifier:
         joined = "\n".join(sources)
         self.text = re.sub(r"\s+", " ", joined).lower()
         self.numbers: dict[str, list[tuple[str, set[str]]]] = {}
+        self.near: dict[str, list[set[str]]] = {}
         for m in _NUMBER.finditer(joined):
             self.numbers.setdefault(_canon(m.group(0)), []).append(_context(joined, m))
+            self.near.setdefault(_canon(m.group(0)), []).append(_near(joined, m, _SOURCE_CUT))
         self.counts = set(self.numbers) | {_COUNT_WORDS[w.lower()] for w in _COUNT.findall(joined)}
         self.spans = span_texts or [t for src in sources for line in src.splitlines() for t in split_sentences(line)]
         self._span_stems: list[set[str]] | None = None     # the word path's, built on first use
@@ -97,13 +109,17 @@ class SentenceVerifier:
             if not any((sign == s2 or not sign and not s2.endswith("-")) and (not after or after & a2)
                        for s2, a2 in self.numbers[n]):
                 return Verdict(False, f"number {m.group(0)} in another context")
+            if self._fits_another_number(n, _near(s, m, _REPLY_CUT)):
+                return Verdict(False, f"number {m.group(0)} of another fact")
         for name in _names(s):
             if name.lower() not in self.names_text:
                 return Verdict(False, f"name {name}")
         content = [w for w in tokenize(s) if w not in _SMALL_TALK]
+        answers = bool(_YES_NO.match(s))
         if not content:
-            return Verdict(True)                           # framing: nothing to support
-        if not _NUMBER.search(s) and len(content) <= 3:
+            # framing: nothing to support; but a bare yes or no is an answer nothing supports
+            return Verdict(False, "bare yes or no") if answers else Verdict(True)
+        if not _NUMBER.search(s) and len(content) <= 3 and not answers:
             return Verdict(True)
         if self.embed is not None and self.source_vecs is not None and len(self.source_vecs):
             vec = np.asarray(self.embed([s]), dtype=np.float32)[0]
@@ -122,6 +138,22 @@ class SentenceVerifier:
         if best is not None and not has_cjk(s) and _negated(s) != _negated(best):
             return Verdict(False, "polarity")
         return Verdict(True)
+
+    def _fits_another_number(self, n: str, near: set[str]) -> bool:
+        """The sentence's words around `n` share clearly more with where another number of the
+        passages stands than with anywhere `n` stands."""
+        own = max(len(near & words) for words in self.near[n])
+        other = max((len(near & words) for k, places in self.near.items() if k != n for words in places), default=0)
+        return other >= own + _CLEARLY_BETTER
+
+
+def _near(text: str, m: re.Match, cut: re.Pattern) -> set[str]:
+    """The stems of the words around a number, up to the next sentence end or number either side
+    (and `cut`'s other stops), at most _NEAR_WORDS each side."""
+    left = cut.split(text[:m.start()])[-1]
+    right = cut.split(text[m.end():])[0]
+    words = tokenize(left)[-_NEAR_WORDS:] + tokenize(right)[:_NEAR_WORDS]
+    return {stem(w) for w in words if w not in _SMALL_TALK}
 
 
 def _names(sentence: str) -> list[str]:

@@ -110,3 +110,37 @@ def test_a_range_a_count_in_words_and_a_placeholder_are_checked(embedder):
     assert v.check("The pending charge will go away within 5 business days.").reason == "number 5 in another context"
     assert v.check("You can exchange an item up to seven times.").reason == "number seven"
     assert v.check("The charge is refunded to [EMAIL] soon.").reason == "placeholder [EMAIL]"
+
+
+CHARGE = ("A full charge takes about 2 hours and gives up to 30 hours of playback on Aura and 6 hours on "
+          "Pulse (24 hours with the case). We don't currently offer phone support.")
+
+
+@pytest.fixture(params=["embeddings", "words"])
+def charge(request, embedder):
+    return build(CHARGE, request.param, embedder, LeakFilter([RULES]))
+
+
+@pytest.mark.parametrize("sentence", [
+    "A full charge takes about 2 hours.",
+    "Aura gives up to 30 hours of playback.",
+    "Pulse plays for 6 hours, or 24 hours with the case.",
+])
+def test_numbers_kept_with_their_facts_pass(charge, sentence):
+    assert charge.check(sentence).ok, charge.check(sentence)
+
+
+@pytest.mark.parametrize("sentence,reason", [
+    ("A full charge of the headphones takes about 6 hours.", "number 6 of another fact"),
+    ("Fully charging the headphones takes about 30 hours.", "number 30 of another fact"),
+])
+def test_a_number_taken_from_the_next_fact_fails(charge, sentence, reason):
+    assert charge.check(sentence).reason == reason
+
+
+@pytest.mark.parametrize("sentence,reason", [("Yes.", "bare yes or no"), ("No!", "bare yes or no"),
+                                             ("Yes, you can ring us.", None)])
+def test_a_yes_or_no_answer_is_checked_like_a_claim(charge, sentence, reason):
+    verdict = charge.check(sentence)
+    assert not verdict.ok
+    assert reason is None or verdict.reason == reason
