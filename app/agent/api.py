@@ -11,6 +11,8 @@ agent sees its own tenant's conversations only: another tenant's id is simply no
     GET  /api/agent/conversations/<id>/suggestion          the bot's draft answer to the last question
     GET  /api/agent/events                                 SSE: handoffs, customer messages, status
     GET  /api/agent/reports?from=YYYY-MM-DD&to=YYYY-MM-DD  the team's numbers (app/reports/queries.py)
+    GET  /api/agent/knowledge-gaps?from=&to=&limit=        what the help centre does not answer, clustered
+    GET  /api/agent/knowledge-gaps.csv?from=&to=&limit=    the same as CSV (app/reports/knowledge_gaps.py)
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import base64
 import datetime as dt
 import re
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 
 from app import handoff_events
 from app.agent.auth import agent_required, current_agent
@@ -30,6 +32,8 @@ from app.agent.schemas import (
     ConversationList,
     ConversationListQuery,
     ConversationPath,
+    GapsOut,
+    GapsQuery,
     MessageOut,
     ReportOut,
     ReportQuery,
@@ -40,10 +44,11 @@ from app.agent.schemas import (
 from app.errors import PlainError, render, validate_body
 from app.limits import TurnSlot
 from app.live_events import sse_response, tenant_channel
+from app.reports.knowledge_gaps import gap_turns, gaps_csv, knowledge_gaps
 from app.reports.queries import report
 from app.schemas import Error, Ok, error_responses
 from app.store.handoffs import Conflict, NotFound
-from httpkit.openapi import documented
+from httpkit.openapi import Body, documented
 
 bp = Blueprint("agent_api", __name__, url_prefix="/api/agent")
 bp.register_error_handler(PlainError, render)
@@ -214,3 +219,32 @@ def reports():
     window = dt.timedelta(hours=current_app.config["RESOLUTION_WINDOW_H"])
     body = report(current_app.extensions["db"], current_agent().tenant_id, start, end, window)
     return jsonify({"from": query.start.isoformat(), "to": query.end.isoformat(), **body})
+
+
+def _gaps() -> tuple[GapsQuery, dict]:
+    query = validate_body(GapsQuery, request.args.to_dict())
+    start = dt.datetime.combine(query.start, dt.time(0), dt.UTC)
+    end = dt.datetime.combine(query.end + dt.timedelta(days=1), dt.time(0), dt.UTC)
+    turns = gap_turns(current_app.extensions["db"], current_agent().tenant_id, start, end)
+    services = _ext()["services"]
+    return query, knowledge_gaps(turns, lambda texts: services.client.embed(texts), query.limit)
+
+
+@bp.get("/knowledge-gaps")
+@documented(query=GapsQuery, responses={200: GapsOut, **_ERRORS}, tags=("agent",))
+def gaps():
+    """What customers asked between `from` and `to` that the help centre did not answer
+    (unanswerable, low support, or followed by a request for a human), clustered by meaning,
+    largest cluster first. Default: the last 7 days."""
+    query, body = _gaps()
+    return jsonify({"from": query.start.isoformat(), "to": query.end.isoformat(), **body})
+
+
+@bp.get("/knowledge-gaps.csv")
+@documented(query=GapsQuery, responses={200: Body("text/csv", {"type": "string"}), **_ERRORS}, tags=("agent",))
+def gaps_export():
+    """The knowledge gaps as a CSV download, one row per cluster."""
+    query, body = _gaps()
+    name = f"knowledge-gaps-{query.start.isoformat()}-{query.end.isoformat()}.csv"
+    return Response(gaps_csv(body), mimetype="text/csv",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})

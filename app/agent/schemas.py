@@ -235,6 +235,35 @@ class ReportOut(BaseModel):
     daily: list[ReportDay]
 
 
+class GapsQuery(ReportQuery):
+    limit: Annotated[int, Field(ge=1, le=200, description="at most this many clusters (default 50)"),
+                     Errors("limit: must be an integer from 1 to 200")] = 50
+
+
+class GapReasons(BaseModel):
+    unanswerable: int = Field(description="questions the help centre had nothing on")
+    low_support: int = Field(description="generated replies that lost unsupported sentences")
+    handed_off: int = Field(description="questions after which the customer asked for a human")
+
+
+class GapCluster(BaseModel):
+    label: str = Field(description="the question nearest the cluster's centre")
+    size: int = Field(description="questions in the cluster")
+    conversations: int
+    examples: list[str] = Field(description="up to 5 distinct questions, newest first")
+    last_seen: str = Field(description="when the newest was asked (ISO 8601, UTC)")
+    reasons: GapReasons
+
+
+class GapsOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    start: str = Field(alias="from")
+    end: str = Field(alias="to")
+    questions: int = Field(description="gap questions in the range (the newest 2,000 are clustered)")
+    method: str = Field(description="embeddings, or words while the embedder is unavailable")
+    clusters: list[GapCluster] = Field(description="largest first")
+
+
 class HandoffEvent(BaseModel):
     conversation: ConversationItem
 

@@ -4,6 +4,7 @@
  *   agent.js               session and login, inbox tabs and list, live events, shortcuts, language
  *   agent_conversation.js  the conversation view and reply box
  *   agent_reports.js       the reports tab
+ *   agent_gaps.js          the knowledge gaps tab
  *   agent_i18n.js          English / Chinese strings
  *   agent_util.js          DOM, API client, formatting
  *
@@ -13,13 +14,16 @@ import { initialLang, lang, setLang, t, translateShell } from "./agent_i18n.js";
 import { $, api, describe, h, icon, isTypingTarget, onUnauthorized, parseTime, setCsrf, shortTime } from "./agent_util.js";
 import * as conversation from "./agent_conversation.js";
 import { initReports, loadReports, renderReports } from "./agent_reports.js";
+import { initGaps, loadGaps, renderGaps } from "./agent_gaps.js";
 
 const STATUSES = ["pending_human", "human", "open", "resolved"];
+const PANELS = ["reports", "gaps"];                 // the tabs that are not inbox lists
+const TABS = STATUSES.concat(PANELS);
 const PAGE = 50;
 
 const state = {
   agent: null,
-  tab: "pending_human",            // a status, or "reports"
+  tab: "pending_human",            // a status, or one of PANELS
   items: {},                       // conversation id -> list item (+ unread)
   next: {},                        // status -> cursor of the next page, or null
   selected: null,                  // id highlighted in the list
@@ -28,7 +32,7 @@ const state = {
   liveTimer: null,
   pendingRefresh: null,
   listError: "",                   // the last failed inbox load, shown in place of the list
-  reportsLoaded: false,
+  loaded: {},                      // panel -> loaded once
 };
 
 /* ------------------------------------------------------------------ boot, login, logout */
@@ -38,6 +42,7 @@ async function boot() {
   translateShell(document);
   renderLangToggle();
   initReports();
+  initGaps();
   conversation.initConversation({ me: () => state.agent, onChange: patchItem, announce: announce });
   wire();
   onUnauthorized(() => showLogin(t("sessionExpired")));
@@ -98,7 +103,7 @@ function signedIn(data) {
   state.items = {};
   state.next = {};
   conversation.closeConversation();
-  selectTab(state.tab === "reports" ? "pending_human" : state.tab, false);
+  selectTab(PANELS.includes(state.tab) ? "pending_human" : state.tab, false);
   loadAll();
   startEvents();
   $("tab-" + state.tab).focus();
@@ -148,7 +153,7 @@ function patchItem(patch, follow) {
   const old = state.items[patch.id];
   if (!old) return;
   state.items[patch.id] = Object.assign({}, old, patch);
-  if (follow && patch.status && patch.status !== state.tab && state.tab !== "reports") selectTab(patch.status, false);
+  if (follow && patch.status && patch.status !== state.tab && !PANELS.includes(state.tab)) selectTab(patch.status, false);
   else renderInbox();
 }
 
@@ -166,7 +171,7 @@ function renderInbox() {
   });
   const unread = Object.keys(state.items).filter((id) => state.items[id].unread).length;
   document.title = (unread ? "(" + unread + ") " : "") + t("pageTitle");      // seen from another tab too
-  if (state.tab === "reports") return;
+  if (PANELS.includes(state.tab)) return;
   const items = visibleItems();
   const list = $("inbox-list");
   const focusedId = document.activeElement && document.activeElement.getAttribute("data-id");
@@ -228,16 +233,15 @@ function move(delta) {
 
 function selectTab(tab, focus) {
   state.tab = tab;
-  const tabs = STATUSES.concat(["reports"]);
-  tabs.forEach((s) => {
+  TABS.forEach((s) => {
     const el = $("tab-" + s);
     el.setAttribute("aria-selected", String(s === tab));
     el.tabIndex = s === tab ? 0 : -1;
   });
-  $("inbox-panel").hidden = tab === "reports";
-  $("reports-panel").hidden = tab !== "reports";
-  if (tab === "reports") {
-    if (!state.reportsLoaded) { state.reportsLoaded = true; loadReports(); }
+  $("inbox-panel").hidden = PANELS.includes(tab);
+  PANELS.forEach((p) => { $(p + "-panel").hidden = tab !== p; });
+  if (PANELS.includes(tab)) {
+    if (!state.loaded[tab]) { state.loaded[tab] = true; (tab === "reports" ? loadReports : loadGaps)(); }
   } else {
     $("inbox-panel").setAttribute("aria-labelledby", "tab-" + tab);
     renderInbox();
@@ -246,7 +250,7 @@ function selectTab(tab, focus) {
 }
 
 function onTabKey(e) {   // WAI-ARIA tabs: arrows move between tabs, Home / End to the ends
-  const tabs = STATUSES.concat(["reports"]);
+  const tabs = TABS;
   const i = tabs.indexOf(state.tab);
   const to = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: tabs.length - 1 }[e.key];
   if (to == null) return;
@@ -349,18 +353,18 @@ function onStatus(d) {
 /* ------------------------------------------------------------------ shortcuts, language, misc */
 
 const SHORTCUTS = [["j", "sc_next"], ["k", "sc_prev"], ["c", "sc_claim"], ["r", "sc_reply"], ["s", "sc_suggest"],
-  ["e", "sc_resolve"], ["Ctrl+Enter", "sc_send"], ["Esc", "sc_escape"], ["1–5", "sc_tabs"], ["?", "sc_help"]];
+  ["e", "sc_resolve"], ["Ctrl+Enter", "sc_send"], ["Esc", "sc_escape"], ["1–6", "sc_tabs"], ["?", "sc_help"]];
 
 function onKey(e) {
   if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || e.isComposing) return;
   if (isTypingTarget(e.target) || $("app-view").hidden || $("shortcuts-dialog").open) return;
-  const inConversation = state.tab !== "reports";
+  const inConversation = !PANELS.includes(state.tab);
   const act = {
     j: () => inConversation && move(1), k: () => inConversation && move(-1),
     c: () => conversation.claim(), e: () => conversation.resolve(), r: () => conversation.focusReply(),
     s: () => conversation.suggest(true), "?": showShortcuts,
     1: () => selectTab("pending_human", true), 2: () => selectTab("human", true), 3: () => selectTab("open", true),
-    4: () => selectTab("resolved", true), 5: () => selectTab("reports", true),
+    4: () => selectTab("resolved", true), 5: () => selectTab("reports", true), 6: () => selectTab("gaps", true),
   }[e.key];
   if (!act) return;
   e.preventDefault();
@@ -393,6 +397,7 @@ function toggleLang() {
   renderInbox();
   conversation.render();
   renderReports();
+  renderGaps();
   if (!$("live-status").hidden) setLive(($("live-status").className.match(/live-(\w+)/) || [])[1] || "live");
 }
 
@@ -411,7 +416,7 @@ function wire() {
     const s = state.tab;
     loadStatus(s, state.next[s]).then(() => { state.listError = ""; }, (e) => { state.listError = describe(e); }).then(renderInbox);
   });
-  STATUSES.concat(["reports"]).forEach((s) => $("tab-" + s).addEventListener("click", () => selectTab(s, false)));
+  TABS.forEach((s) => $("tab-" + s).addEventListener("click", () => selectTab(s, false)));
   $("tabs").addEventListener("keydown", onTabKey);
   document.addEventListener("keydown", onKey);
 }

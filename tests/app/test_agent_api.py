@@ -268,3 +268,30 @@ def test_a_draft_waits_for_a_turn_slot_and_names_a_missing_tenant(app):
     store.append("gone", gone, {"role": "user", "content": "hello"})
     missing = gil.get(f"/api/agent/conversations/{gone}/suggestion")
     assert missing.status_code == 404 and "gone" in missing.get_json()["error"]
+
+
+def test_knowledge_gaps_cluster_what_the_bot_could_not_answer(app):
+    """Customers ask what the help centre lacks, in different words; the agents of that tenant see
+    one cluster, as JSON and as a CSV download; another tenant sees none of it."""
+    asked = ["Do you sell refurbished laptops?", "can i buy a refurbished notebook from you"]
+    customer = app.test_client()
+    for question in asked:
+        sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+        reply = customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": question})
+        assert reply.get_json()["grounding"] == "unanswerable", reply.get_json()
+    dana, olga = agent(app, "dana@northwind.test"), agent(app, "olga@other.test")
+    gaps = dana.get("/api/agent/knowledge-gaps").get_json()
+    assert gaps["method"] == "embeddings" and gaps["questions"] >= 2
+    refurbished = next(c for c in gaps["clusters"] if set(asked) <= set(c["examples"]))
+    assert refurbished["size"] >= 2 and refurbished["reasons"]["unanswerable"] >= 2
+    assert not any("refurbished" in e for c in olga.get("/api/agent/knowledge-gaps").get_json()["clusters"]
+                   for e in c["examples"])
+    export = dana.get("/api/agent/knowledge-gaps.csv?limit=5")
+    assert export.status_code == 200 and export.mimetype == "text/csv"
+    assert "attachment" in export.headers["Content-Disposition"]
+    rows = export.get_data(as_text=True).splitlines()
+    assert rows[0].startswith("rank,size,conversations,label") and any("refurbished" in r for r in rows[1:])
+    for bad in ("limit=0", "limit=201", "limit=many", "from=2026-02-30", "to=2026-13-01"):
+        resp = dana.get(f"/api/agent/knowledge-gaps?{bad}")
+        assert resp.status_code == 400 and bad.split("=")[0] in resp.get_json()["error"], bad
+    assert app.test_client().get("/api/agent/knowledge-gaps").status_code == 401

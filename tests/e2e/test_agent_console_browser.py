@@ -10,7 +10,7 @@ support agent in the console at /agent/, two browser contexts against one `pytho
    "Dana is typing…") and sends with Ctrl+Enter
 3. the customer sees the reply live, with the agent's name, and still after a reload
 4. the agent resolves; the customer rates 5 stars with a comment; the agent's view shows it; the
-   bot answers the customer again; reports, shortcuts help and Chinese in the console
+   bot answers the customer again; reports, knowledge gaps, shortcuts help and Chinese in the console
 
 Screenshots of both contexts at each step go to test-artifacts/agent-console/ (git-ignored).
 """
@@ -256,6 +256,14 @@ def test_handoff_between_widget_and_agent_console(server, browser):
     expect(a("report-conversations")).to_contain_text("1")
     expect(a("report-resolution_rate")).to_contain_text("%")          # the conversation came back: reopened
     expect(a("reports-bars")).to_be_visible()
+    agent.keyboard.press("6")                        # knowledge gaps: the questions asked before each handoff
+    expect(a("gaps-tab")).to_have_attribute("aria-selected", "true")
+    expect(a("gap-row").first).to_be_visible()
+    expect(a("gaps-summary")).to_contain_text("questions the help centre fell short on")
+    expect(a("gaps-table")).to_contain_text("handed to an agent")
+    assert "from=" in a("gaps-csv").get_attribute("href")
+    snap("09-gaps")
+    a("reports-tab").click()
     agent.keyboard.press("?")
     expect(a("shortcuts-dialog")).to_be_visible()
     snap("09-reports")
