@@ -247,6 +247,7 @@ class GapReasons(BaseModel):
 
 
 class GapCluster(BaseModel):
+    id: str = Field(description="the cluster's id: the same label keeps the same id across ranges")
     label: str = Field(description="the question nearest the cluster's centre")
     size: int = Field(description="questions in the cluster")
     conversations: int

@@ -15,6 +15,7 @@ down, the same clustering runs on bags of words, and the result says so (`method
 from __future__ import annotations
 
 import csv
+import hashlib
 import datetime as dt
 import io
 import re
@@ -173,7 +174,8 @@ def knowledge_gaps(turns: list[GapTurn], embed: Callable[[list[str]], np.ndarray
         newest = sorted(members, key=lambda t: t.asked_at, reverse=True)
         examples = list(dict.fromkeys(t.question for t in newest))[:EXAMPLES]
         reasons = Counter(r for t in members for r in t.reasons)
-        clusters.append({"label": label, "size": len(members), "examples": examples,
+        clusters.append({"id": "gap-" + hashlib.sha1(_key(label).encode()).hexdigest()[:12],
+                         "label": label, "size": len(members), "examples": examples,
                          "last_seen": newest[0].asked_at.isoformat(),
                          "conversations": len({t.conversation_id for t in members}),
                          "reasons": {r: reasons.get(r, 0) for r in REASONS}})
@@ -181,7 +183,7 @@ def knowledge_gaps(turns: list[GapTurn], embed: Callable[[list[str]], np.ndarray
     return {"questions": len(turns), "method": method, "clusters": clusters[:limit]}
 
 
-CSV_FIELDS = ("rank", "size", "conversations", "label", "last_seen", *REASONS, "examples")
+CSV_FIELDS = ("rank", "id", "size", "conversations", "label", "last_seen", *REASONS, "examples")
 
 
 def gaps_csv(gaps: dict) -> str:
@@ -190,7 +192,7 @@ def gaps_csv(gaps: dict) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_FIELDS)
     for rank, c in enumerate(gaps["clusters"], 1):
-        writer.writerow([rank, c["size"], c["conversations"], _cell(c["label"]), c["last_seen"],
+        writer.writerow([rank, c["id"], c["size"], c["conversations"], _cell(c["label"]), c["last_seen"],
                          *(c["reasons"][r] for r in REASONS), _cell(" | ".join(c["examples"]))])
     return out.getvalue()
 

@@ -290,7 +290,7 @@ def test_knowledge_gaps_cluster_what_the_bot_could_not_answer(app):
     assert export.status_code == 200 and export.mimetype == "text/csv"
     assert "attachment" in export.headers["Content-Disposition"]
     rows = export.get_data(as_text=True).splitlines()
-    assert rows[0].startswith("rank,size,conversations,label") and any("refurbished" in r for r in rows[1:])
+    assert rows[0].startswith("rank,id,size,conversations,label") and any("refurbished" in r for r in rows[1:])
     for bad in ("limit=0", "limit=201", "limit=many", "from=2026-02-30", "to=2026-13-01"):
         resp = dana.get(f"/api/agent/knowledge-gaps?{bad}")
         assert resp.status_code == 400 and bad.split("=")[0] in resp.get_json()["error"], bad

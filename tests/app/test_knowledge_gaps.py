@@ -38,6 +38,7 @@ def test_paraphrases_cluster_together_and_the_largest_comes_first(embedder):
     assert partition(gaps)[:3] == [set(SUNDAY), set(STUDENT), set(REFURB)]
     sunday = gaps["clusters"][0]
     assert sunday["label"] in SUNDAY and sunday["conversations"] == 4
+    assert len({c["id"] for c in gaps["clusters"]}) == 5 and sunday["id"].startswith("gap-")
     assert sunday["examples"][0] == "Do you deliver on Sundays?"              # the newest first, once
     assert sunday["last_seen"] == (now + dt.timedelta(minutes=5)).isoformat()
     assert sunday["reasons"] == {"unanswerable": 4, "low_support": 0, "handed_off": 0}
@@ -60,6 +61,7 @@ def test_csv_has_one_row_per_cluster_and_no_formulas(embedder):
     gaps = knowledge_gaps(turns(questions, utcnow()), embedder.embed)
     rows = list(csv.DictReader(io.StringIO(gaps_csv(gaps))))
     assert [r["rank"] for r in rows] == ["1", "2"] and rows[0]["size"] == "2"
+    assert [r["id"] for r in rows] == [c["id"] for c in gaps["clusters"]]
     assert set(rows[0]["examples"].split(" | ")) == set(SUNDAY[:2])
     assert rows[1]["label"].startswith("'=HYPERLINK") and rows[1]["unanswerable"] == "1"
 
