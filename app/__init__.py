@@ -24,6 +24,7 @@ from app.agent.api import bp as agent_api_bp
 from app.agent.auth import AUTH_SCHEME, init_agent_auth
 from app.agent.auth import bp as agent_auth_bp
 from app.agent.console import bp as console_bp
+from app.agent.faq_api import bp as agent_faq_bp
 from app.chat.demo_orders import init_demo_orders
 from app.chat.handoff import bp as chat_handoff_bp
 from app.chat.routes import bp as chat_bp
@@ -46,6 +47,7 @@ from app.settings import WebSettings
 from app.store.action_log import SqlCallLog
 from app.store.conversations import ConversationStore
 from app.store.db import DatabaseUnavailable, init_db
+from app.store.faq_drafts import FaqDrafts
 from app.store.handoffs import Handoffs
 from app.tenants import TenantRegistry
 from configs import shipped
@@ -76,6 +78,8 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.config.update(config or {})
     if app.config["KB_PATH"]:              # one meaning for the index and the /kb/ links
         app.config["KB_PATH"] = str(Path(app.config["KB_PATH"]).resolve())
+    # approved FAQ drafts, indexed beside the help centre: the instance folder unless set
+    app.config["FAQ_PATH"] = str(Path(app.config.get("FAQ_PATH") or Path(app.instance_path) / "faq").resolve())
     url = app.config["REDIS_URL"]
     # acks_late + reject_on_worker_lost: a task whose worker dies goes back to the queue; the broker
     # redelivers an unacknowledged task after visibility_timeout, so it must exceed the longest
@@ -95,6 +99,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.extensions["support_chat"] = {
         "store": ConversationStore(db),
         "handoffs": Handoffs(db),
+        "faq_drafts": FaqDrafts(db, app.config["FAQ_PATH"]),
         "tenants": TenantRegistry(app.config["TENANTS_PATH"]),
         "services": ChatServices(app.config, client, SqlCallLog(db)),
         "turn_slots": threading.BoundedSemaphore(app.config["CHAT_MAX_TURNS"]),      # app/chat/routes.py
@@ -117,6 +122,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.register_blueprint(kb_bp)
     app.register_blueprint(agent_auth_bp)
     app.register_blueprint(agent_api_bp)
+    app.register_blueprint(agent_faq_bp)
     app.register_blueprint(console_bp)
     init_demo_orders(app)
 
@@ -130,6 +136,8 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
         kb_dir = Path(app.config["KB_PATH"] or KB_DIR_DEFAULT)
         if not name.endswith(".md"):
             abort(404)
+        if name.startswith("approved-faq/"):                   # approved FAQ drafts (app/store/faq_drafts.py)
+            kb_dir, name = Path(app.config["FAQ_PATH"]), name[len("approved-faq/"):]
         return send_from_directory(kb_dir, name, mimetype="text/markdown; charset=utf-8")
 
     @app.get("/healthz")

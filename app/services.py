@@ -73,7 +73,8 @@ class ChatServices:
             chat.kb.rebuild()
             return chat.kb
         # no full pipeline in this process (a worker): building the index fills the shared cache
-        return KnowledgeBase(self.client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"))
+        return KnowledgeBase(self.client.embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"),
+                             faq_path=self.config.get("FAQ_PATH"))
 
     # ---- the two builds --------------------------------------------------------------------
     def check_articles(self, chunks) -> None:
@@ -90,7 +91,7 @@ class ChatServices:
 
     def _pipeline(self, embed) -> SupportChat:
         kb = KnowledgeBase(embed, self.config.get("KB_PATH"), self.config.get("KB_CACHE_DIR"),
-                           on_index=self.check_articles)
+                           on_index=self.check_articles, faq_path=self.config.get("FAQ_PATH"))
         detector = IntentDetector(load_intents(self.config.get("INTENTS_PATH")), embed,
                                   cache_dir=kb.cache_dir if embed is not None else None)
         runner = ActionRunner(self.call_log, self.config["ACTIONS_BASE_URL"]) if self.call_log is not None else None

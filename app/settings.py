@@ -39,6 +39,7 @@ class WebSettings(BaseSettings):
     # config files (resolved by `configs`: these override the shipped ones)
     kb_path: str | None = None
     kb_cache_dir: str | None = None
+    faq_path: str | None = None                             # approved FAQ drafts' articles (default: instance/faq)
     intents_path: str | None = None
     banned_words_path: str | None = None
     tenants_path: str | None = None
@@ -79,7 +80,8 @@ class WebSettings(BaseSettings):
             "RESOLUTION_WINDOW_H": self.resolution_window_h,
             "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,
             "AGENT_LOGIN_LIMIT": self.agent_login_limit,
-            "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "INTENTS_PATH": self.intents_path,
+            "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "FAQ_PATH": self.faq_path,
+            "INTENTS_PATH": self.intents_path,
             "BANNED_WORDS_PATH": self.banned_words_path, "TENANTS_PATH": self.tenants_path,
             "DEMO_ORDERS_PATH": self.demo_orders_path,
             "ACTIONS_BASE_URL": self.actions_base_url or f"http://127.0.0.1:{self.web_bind.rsplit(':', 1)[-1]}",

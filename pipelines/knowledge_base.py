@@ -112,13 +112,15 @@ def chunk_article(text: str, source: str) -> list[Chunk]:
 class KnowledgeBase:
     def __init__(self, embed, path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
                  min_similarity: float = 0.35, check_interval: float = 2.0, model_name: str = "all-MiniLM-L6-v2",
-                 on_index=None):
+                 on_index=None, faq_path: str | os.PathLike | None = None):
         """`embed(texts) -> [N, dim]` unit vectors (the inference client's embed), or None for a
         lexical-only index. `on_index(chunks)` is called with every (re)indexed set of chunks
-        (the compliance check of the articles)."""
+        (the compliance check of the articles). `faq_path`: a second folder of articles, the
+        approved FAQ drafts (app/store/faq_drafts.py), indexed as `approved-faq/<file>` when it exists."""
         self.path = resolve("kb", path, "KB_PATH")
         if not self.path.is_dir():
             raise ValueError(f"knowledge base: {self.path} is not a directory")
+        self.faq_path = Path(faq_path) if faq_path else None
         self.cache_dir = Path(cache_dir or os.environ.get("KB_CACHE_DIR") or DEFAULT_CACHE)
         self.embed, self.model_name = embed, model_name
         self.min_similarity, self.check_interval = min_similarity, check_interval
@@ -131,20 +133,27 @@ class KnowledgeBase:
         self._reload(self._fingerprint())
 
     # ---- index ---------------------------------------------------------------------------
-    def _files(self) -> list[Path]:
-        return sorted(p for p in self.path.rglob("*.md") if p.is_file())
+    def _files(self) -> list[tuple[str, Path]]:
+        """(the article's name, its file), the help centre's first, then the FAQ folder's."""
+        found = [(str(p.relative_to(self.path)), p) for p in sorted(self.path.rglob("*.md")) if p.is_file()]
+        if self.faq_path is not None and self.faq_path.is_dir():
+            found += [(f"approved-faq/{p.relative_to(self.faq_path)}", p) for p in sorted(self.faq_path.rglob("*.md"))
+                      if p.is_file()]
+        return found
 
     def _fingerprint(self) -> str:
         h = hashlib.sha256(self.model_name.encode())
-        for p in self._files():
-            st = p.stat()
-            h.update(f"{p.relative_to(self.path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        for name, p in self._files():
+            try:
+                st = p.stat()
+            except FileNotFoundError:             # replaced while listed: the next check sees it
+                continue
+            h.update(f"{name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:24]
 
     def _reload(self, fingerprint: str) -> None:
         chunks = []
-        for p in self._files():
-            name = str(p.relative_to(self.path))
+        for name, p in self._files():
             try:
                 text = p.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Must precede `import torch` (libgomp reads it when it loads): idle OpenMP threads sleep instead
 # of spinning, so the engine thread's ops do not wait behind spinners for the 2 cores (Makefile).
@@ -25,6 +26,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MODEL", "smollm2")
 os.environ.setdefault("INFERENCE_MODEL_MODEL", "smollm2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# approved FAQ drafts are written here, never to the checkout's instance folder (app/store/faq_drafts.py)
+os.environ.setdefault("FAQ_PATH", tempfile.mkdtemp(prefix="faq-"))
 # Tests drive the APIs from one address far faster than a person: the shipped per-IP and per-key
 # limits would turn later requests into 429s. tests/app/test_rate_limits.py sets its own limits.
 # Apps built in a test have no serve-time warm-up thread: their first chat turn waits for the full

@@ -7,7 +7,8 @@ agent sees its own tenant's conversations only: another tenant's id is simply no
     POST /api/agent/conversations/<id>/claim               status human, assignee me (409 if taken)
     POST /api/agent/conversations/<id>/messages            {"content"}: to the customer, live
     POST /api/agent/conversations/<id>/typing              {"typing"}: the widget's indicator
-    POST /api/agent/conversations/<id>/resolve             status resolved; the widget asks for CSAT
+    POST /api/agent/conversations/<id>/resolve             status resolved; the widget asks for CSAT, and
+                                                           the agent's answer is drafted into an FAQ entry
     GET  /api/agent/conversations/<id>/suggestion          the bot's draft answer to the last question
     GET  /api/agent/events                                 SSE: handoffs, customer messages, status
     GET  /api/agent/reports?from=YYYY-MM-DD&to=YYYY-MM-DD  the team's numbers (app/reports/queries.py)
@@ -166,6 +167,8 @@ def resolve(cid: str):
     done = _ext()["handoffs"].resolve(agent.tenant_id, _conversation_id(cid), agent.id)
     current_app.extensions["web_metrics"].handoffs.labels("resolved").inc()
     handoff_events.status_changed(agent.tenant_id, cid, "resolved", None)
+    from app.jobs.tasks import draft_faq, start_or_queue
+    start_or_queue(draft_faq, agent.tenant_id, cid)         # the agent's answer becomes a pending FAQ draft
     return jsonify(done)
 
 

@@ -99,6 +99,35 @@ def summarize_handoff(tenant_id: str, session_id: str) -> str:
     return summary
 
 
+@shared_task(ignore_result=True, acks_late=True, max_retries=3, default_retry_delay=5, name="app.tasks.draft_faq")
+def draft_faq(tenant_id: str, session_id: str) -> dict | None:
+    """Draft a help-centre entry from a conversation an agent resolved: the customer's question
+    and the agent's answer, worded by the model and verified against that answer alone
+    (pipelines/faq_draft.py), PII-redacted, kept pending (or folded into a near-duplicate)."""
+    from filters.leakage import LeakFilter
+    from pipelines.answer_verifier import SentenceVerifier
+    from pipelines.faq_draft import FAQ_RULES, compose, exchange
+    ext = current_app.extensions["support_chat"]
+    store, services = ext["store"], ext["services"]
+    pair = exchange(store.messages(tenant_id, session_id))
+    if pair is None:
+        return None
+    question, answer = (services.clean(text) for text in pair)
+    client = services.client
+
+    def chat(messages):
+        return "".join(client.chat_stream(messages, temperature=0.0, max_tokens=160))
+    verifier = SentenceVerifier([answer], LeakFilter([FAQ_RULES]))
+    entry = compose(question, answer, chat, lambda sentence: verifier.check(sentence).ok)
+
+    def embed(texts):
+        return client.embed(texts)
+    draft = ext["faq_drafts"].add(tenant_id, session_id, services.clean(entry.question), services.clean(entry.answer),
+                                  embed=embed)
+    current_app.logger.info("FAQ draft %s from %s (%s, merged %d)", draft["id"], session_id, entry.how, draft["merged"])
+    return draft
+
+
 # Celery beat runs it daily (the worker's beat schedule, app/worker.py); the embedded default
 # runs it from `python -m app serve` at start and every day after.
 RETENTION_SCHEDULE_S = 24 * 3600

@@ -15,8 +15,8 @@ down, the same clustering runs on bags of words, and the result says so (`method
 from __future__ import annotations
 
 import csv
-import hashlib
 import datetime as dt
+import hashlib
 import io
 import re
 import zlib

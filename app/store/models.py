@@ -172,3 +172,24 @@ class ActionCall(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     __table_args__ = (Index("ix_action_calls_tenant_created", "tenant_id", "created_at"),)
+
+
+FAQ_STATUSES = ("pending", "approved", "rejected")
+
+
+class FaqDraft(Base):
+    """A help-centre entry drafted from an agent's answer (pipelines/faq_draft.py), kept pending
+    until an agent approves (possibly edited) or rejects it; approved ones become articles."""
+    __tablename__ = "faq_drafts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    conversation_id: Mapped[str | None] = mapped_column(ForeignKey("conversations.id", ondelete="SET NULL"),
+                                                        nullable=True)
+    question: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    merged: Mapped[int] = mapped_column(Integer, default=0)                # near-duplicate drafts folded in
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    decided_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    decided_by: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
+    __table_args__ = (Index("ix_faq_drafts_tenant_status", "tenant_id", "status"),)

@@ -26,6 +26,7 @@ def app(tiny_client, tmp_path_factory):
     app = create_app({"TENANTS_PATH": str(tmp / "tenants.yaml"), "KB_CACHE_DIR": str(tmp / "kbcache"),
                       "CHAT_MAX_TOKENS": 16, "CHAT_PROMPT_BUDGET": 900, "REDIS_URL": None,
                       "DATABASE_URL": f"sqlite:///{tmp / 'conversations.db'}", "SSE_MAX_S": 5.0,
+                      "FAQ_PATH": str(tmp / "faq"),
                       "AGENT_LOGIN_LIMIT": "1000 per minute"}, client=tiny_client)
     accounts = AgentAccounts(app.extensions["db"])
     accounts.add("demo", "dana@northwind.test", PASSWORD, name="Dana")
@@ -295,3 +296,48 @@ def test_knowledge_gaps_cluster_what_the_bot_could_not_answer(app):
         resp = dana.get(f"/api/agent/knowledge-gaps?{bad}")
         assert resp.status_code == 400 and bad.split("=")[0] in resp.get_json()["error"], bad
     assert app.test_client().get("/api/agent/knowledge-gaps").status_code == 401
+
+
+def test_an_agents_answer_becomes_an_faq_the_bot_then_answers_with(app):
+    """The FAQ loop: the bot cannot answer, the customer asks for a human, the agent answers and
+    resolves; a pending draft appears, the agent approves it edited, and the bot answers the same
+    question from the new article. Bad decisions get a 4xx and change nothing."""
+    question = "Can you engrave a name on a wooden cutting board?"
+    customer, dana, olga = app.test_client(), agent(app, "dana@northwind.test"), agent(app, "olga@other.test")
+    sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+    first = customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": question}).get_json()
+    assert "20 characters" not in first["reply"], first
+    customer.post(f"/api/chat/sessions/{sid}/handoff", headers=KEY)
+    dana.post(f"/api/agent/conversations/{sid}/claim", headers=dana.csrf)
+    dana.post(f"/api/agent/conversations/{sid}/messages", headers=dana.csrf,
+              json={"content": "Hi, this is Dana. We engrave up to 20 characters on any wooden cutting board, "
+                               "and engraving adds 3 business days to delivery."})
+    assert dana.post(f"/api/agent/conversations/{sid}/resolve", headers=dana.csrf).status_code == 200
+    deadline, draft = time.monotonic() + 60, None
+    while draft is None and time.monotonic() < deadline:
+        drafts = dana.get("/api/agent/faq-drafts").get_json()["drafts"]
+        draft = next((d for d in drafts if d["conversation_id"] == sid), None)
+        time.sleep(0.2)
+    assert draft is not None and draft["status"] == "pending"
+    assert "20 characters" in draft["answer"] and "Dana" not in draft["answer"]
+    assert dana.get("/api/agent/faq-drafts?status=maybe").status_code == 400
+    approve = f"/api/agent/faq-drafts/{draft['id']}/approve"
+    assert olga.post(approve, headers=olga.csrf).status_code == 404                  # another tenant's
+    assert dana.post(approve).status_code == 400                                      # no CSRF token
+    assert dana.post(approve, headers=dana.csrf, json={"answer": "  "}).status_code == 400
+    assert dana.post("/api/agent/faq-drafts/999999/approve", headers=dana.csrf).status_code == 404
+    assert dana.get("/api/agent/faq-drafts").get_json()["drafts"][0]["status"] == "pending"
+    approved = dana.post(approve, headers=dana.csrf, json={"question": "Can you engrave a cutting board?"})
+    assert approved.status_code == 200 and approved.get_json()["question"] == "Can you engrave a cutting board?"
+    assert dana.post(approve, headers=dana.csrf).status_code == 409
+    assert dana.post(f"/api/agent/faq-drafts/{draft['id']}/reject", headers=dana.csrf).status_code == 409
+    article = app.test_client().get("/kb/approved-faq/demo.md")
+    assert article.status_code == 200 and "## Can you engrave a cutting board?" in article.get_data(as_text=True)
+    started, reply = time.monotonic(), None
+    while time.monotonic() - started < 30:
+        again = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+        reply = customer.post(f"/api/chat/sessions/{again}/messages", headers=KEY, json={"content": question}).get_json()
+        if any(c["source"].startswith("approved-faq/") for c in reply["citations"]):
+            break
+        time.sleep(0.5)
+    assert "20 characters" in reply["reply"], reply

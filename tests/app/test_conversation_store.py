@@ -204,9 +204,11 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db = Database(url)
         assert db.current() is None
         db.upgrade()
-        assert db.current() == "0003"
+        assert db.current() == "0004"
         assert {"agents", "agent_sessions", "conversations", "messages", "handoffs", "feedback",
-                "audit_events", "action_calls"} <= set(db.table_names())
+                "audit_events", "action_calls", "faq_drafts"} <= set(db.table_names())
+        db.downgrade("0003")                              # one step back: the FAQ drafts go
+        assert db.current() == "0003" and "faq_drafts" not in db.table_names()
         db.downgrade("0002")                              # one step back: the action calls go
         assert db.current() == "0002" and "action_calls" not in db.table_names()
         db.downgrade("0001")                              # and the sessions table

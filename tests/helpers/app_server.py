@@ -21,7 +21,7 @@ def app_env(tmp: Path, **overrides: str) -> dict:
     """The test process's environment without its Redis / inference / database URLs, with a KB
     cache and a SQLite database in `tmp`, plus `overrides`."""
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "INFERENCE_URL", "DATABASE_URL")}
-    env.update(KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1",
+    env.update(KB_CACHE_DIR=str(tmp / "kbcache"), PYTHONUNBUFFERED="1", FAQ_PATH=str(tmp / "faq"),
                DATABASE_URL=f"sqlite:///{tmp / 'conversations.db'}", **overrides)
     return env
 
