@@ -26,8 +26,11 @@ def texts_key(prefix: str, model_name: str, texts: Sequence[str]) -> str:
     return f"{prefix}-{h.hexdigest()[:24]}"
 
 
-def cached_embeddings(embed: Callable, texts: Sequence[str], cache_dir: Path, key: str) -> tuple[np.ndarray, bool]:
-    """([N, dim] embeddings of `texts`, whether they were computed now rather than loaded)."""
+def cached_embeddings(embed: Callable, texts: Sequence[str], cache_dir: Path, key: str,
+                      known: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, bool]:
+    """([N, dim] embeddings of `texts`, whether any were computed now rather than loaded). On a
+    miss only the texts not in `known` (text -> embedding, e.g. the index being replaced) are
+    embedded: one new article costs its own texts, not the whole folder's."""
     cache = Path(cache_dir) / f"{key}.npy"
     try:
         vecs = np.load(cache) if cache.exists() else None
@@ -35,8 +38,13 @@ def cached_embeddings(embed: Callable, texts: Sequence[str], cache_dir: Path, ke
         vecs = None                                     # unreadable cache: a miss
     if vecs is not None and vecs.shape[0] == len(texts):
         return vecs, False
-    vecs = np.concatenate([np.asarray(embed(list(texts[i:i + BATCH])), dtype=np.float32)
-                           for i in range(0, len(texts), BATCH)])
+    known = known or {}
+    missing = list(dict.fromkeys(t for t in texts if t not in known))
+    fresh = dict(known)
+    for i in range(0, len(missing), BATCH):
+        batch = missing[i:i + BATCH]
+        fresh.update(zip(batch, np.asarray(embed(batch), dtype=np.float32)))
+    vecs = np.stack([fresh[t] for t in texts]).astype(np.float32) if texts else np.zeros((0, 0), np.float32)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.parent / f"{key}.{os.getpid()}.{threading.get_ident()}.tmp.npy"
     np.save(tmp, vecs)

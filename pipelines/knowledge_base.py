@@ -169,10 +169,13 @@ class KnowledgeBase:
         spans = [s for c in chunks for s in chunk_spans(c)]
         vecs = span_vecs = None
         if self.embed is not None:
+            old = self._index if self._index is not None and self._index.vectors is not None else None
+            known = dict(zip((c.embedding_text for c in old.chunks), old.vectors)) if old else None
+            known_spans = dict(zip((sp.context for sp in old.spans), old.span_vectors)) if old else None
             vecs, fresh = cached_embeddings(self.embed, [c.embedding_text for c in chunks], self.cache_dir,
-                                            fingerprint)
+                                            fingerprint, known)
             span_vecs, fresh_spans = cached_embeddings(self.embed, [s.context for s in spans], self.cache_dir,
-                                                       f"{fingerprint}-spans")
+                                                       f"{fingerprint}-spans", known_spans)
             self.num_builds += fresh or fresh_spans
         bm25 = BM25Okapi([tokenize(f"{c.title} {c.section} {c.text}") for c in chunks])
         by_chunk: dict[Chunk, list[int]] = {}

@@ -5,6 +5,7 @@
  *   agent_conversation.js  the conversation view and reply box
  *   agent_reports.js       the reports tab
  *   agent_gaps.js          the knowledge gaps tab
+ *   agent_faq.js           the FAQ drafts tab
  *   agent_i18n.js          English / Chinese strings
  *   agent_util.js          DOM, API client, formatting
  *
@@ -15,9 +16,10 @@ import { $, api, describe, h, icon, isTypingTarget, onUnauthorized, parseTime, s
 import * as conversation from "./agent_conversation.js";
 import { initReports, loadReports, renderReports } from "./agent_reports.js";
 import { initGaps, loadGaps, renderGaps } from "./agent_gaps.js";
+import { loadFaq, renderFaq } from "./agent_faq.js";
 
 const STATUSES = ["pending_human", "human", "open", "resolved"];
-const PANELS = ["reports", "gaps"];                 // the tabs that are not inbox lists
+const PANELS = ["reports", "gaps", "faq"];                 // the tabs that are not inbox lists
 const TABS = STATUSES.concat(PANELS);
 const PAGE = 50;
 
@@ -241,7 +243,8 @@ function selectTab(tab, focus) {
   $("inbox-panel").hidden = PANELS.includes(tab);
   PANELS.forEach((p) => { $(p + "-panel").hidden = tab !== p; });
   if (PANELS.includes(tab)) {
-    if (!state.loaded[tab]) { state.loaded[tab] = true; (tab === "reports" ? loadReports : loadGaps)(); }
+    if (tab === "faq") loadFaq();                    // new drafts arrive as agents resolve: always fresh
+    else if (!state.loaded[tab]) { state.loaded[tab] = true; (tab === "reports" ? loadReports : loadGaps)(); }
   } else {
     $("inbox-panel").setAttribute("aria-labelledby", "tab-" + tab);
     renderInbox();
@@ -353,7 +356,7 @@ function onStatus(d) {
 /* ------------------------------------------------------------------ shortcuts, language, misc */
 
 const SHORTCUTS = [["j", "sc_next"], ["k", "sc_prev"], ["c", "sc_claim"], ["r", "sc_reply"], ["s", "sc_suggest"],
-  ["e", "sc_resolve"], ["Ctrl+Enter", "sc_send"], ["Esc", "sc_escape"], ["1–6", "sc_tabs"], ["?", "sc_help"]];
+  ["e", "sc_resolve"], ["Ctrl+Enter", "sc_send"], ["Esc", "sc_escape"], ["1–7", "sc_tabs"], ["?", "sc_help"]];
 
 function onKey(e) {
   if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || e.isComposing) return;
@@ -365,6 +368,7 @@ function onKey(e) {
     s: () => conversation.suggest(true), "?": showShortcuts,
     1: () => selectTab("pending_human", true), 2: () => selectTab("human", true), 3: () => selectTab("open", true),
     4: () => selectTab("resolved", true), 5: () => selectTab("reports", true), 6: () => selectTab("gaps", true),
+    7: () => selectTab("faq", true),
   }[e.key];
   if (!act) return;
   e.preventDefault();
@@ -398,6 +402,7 @@ function toggleLang() {
   conversation.render();
   renderReports();
   renderGaps();
+  renderFaq();
   if (!$("live-status").hidden) setLive(($("live-status").className.match(/live-(\w+)/) || [])[1] || "live");
 }
 

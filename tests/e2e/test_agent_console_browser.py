@@ -294,3 +294,86 @@ def test_handoff_between_widget_and_agent_console(server, browser):
 
     assert customer_errors == [], customer_errors
     assert agent_errors == [], agent_errors
+
+
+GAP_QUESTION = "Can you engrave a name on a wooden cutting board?"
+GAP_ANSWER = "We engrave up to 20 characters on any wooden cutting board, at no extra cost."
+
+
+def test_the_faq_loop_from_a_gap_to_the_bots_answer(server, browser):
+    """The help centre has no answer: the question shows as a knowledge gap; the customer asks for a
+    human, the agent answers and resolves; the FAQ draft appears, the agent edits and approves it;
+    a new customer asking the same gets the answer from the bot."""
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    customer, customer_errors = _page(browser, server, viewport={"width": 900, "height": 760})
+    agent, agent_errors = _page(browser, server, viewport={"width": 1360, "height": 860})
+    w = lambda testid: customer.locator(f"[data-testid={testid}]")  # noqa: E731
+    a = lambda testid: agent.locator(f"[data-testid={testid}]")     # noqa: E731
+
+    customer.goto("/")
+    w("nw-launcher").click()
+    w("nw-input").fill(GAP_QUESTION)
+    w("nw-send").click()
+    expect(customer.locator("[data-testid=nw-message][data-role=assistant]")).to_have_count(1, timeout=60_000)
+    assert "20 characters" not in customer.locator("[data-role=assistant]").last.inner_text()
+    w("nw-handoff").click()
+    expect(w("nw-handoff")).to_have_text("Human requested")
+
+    agent.goto("/agent/")
+    a("login-email").fill(AGENT_EMAIL)
+    a("login-password").fill(AGENT_PASSWORD)
+    a("login-submit").click()
+    expect(a("agent-name")).to_contain_text(AGENT_NAME)
+    a("gaps-tab").click()                                            # the gap: asked, then handed off
+    expect(a("gaps-table")).to_contain_text(GAP_QUESTION)
+    a("tab-pending_human").click()
+    item = a("inbox-item").filter(has_text="engrave")
+    expect(item).to_have_count(1, timeout=10_000)
+    item.click()
+    a("claim").click()
+    expect(a("conv-status")).to_have_text("With an agent")
+    a("reply-input").fill(f"Hi, {AGENT_NAME} here. {GAP_ANSWER}")
+    a("reply-input").press("Control+Enter")
+    expect(customer.locator("[data-testid=nw-message][data-role=agent]")).to_contain_text(GAP_ANSWER)
+    a("resolve").click()
+    expect(a("conv-status")).to_have_text("Resolved")
+
+    agent.keyboard.press("7")                                        # the FAQ drafts tab
+    draft = None
+    for _ in range(60):                                              # the draft task runs after the resolve
+        answers = [a("faq-answer").nth(i).input_value() for i in range(a("faq-answer").count())]
+        found = [i for i, text in enumerate(answers) if "20 characters" in text]
+        if found:
+            draft = a("faq-draft").nth(found[0])
+            break
+        time.sleep(1)
+        a("faq-tab").click()
+    assert draft is not None, "no FAQ draft from the agent's answer"
+    assert AGENT_NAME not in draft.locator("[data-testid=faq-answer]").input_value()
+    draft.locator("[data-testid=faq-question]").fill("Can you engrave a cutting board?")
+    agent.screenshot(path=str(ARTIFACTS / "12-faq-draft-agent.png"))
+    approved_at = time.monotonic()
+    draft.locator("[data-testid=faq-approve]").click()
+    expect(a("faq-announce")).to_have_text("Published to the help centre")
+    expect(a("faq-answer").filter(has_text="20 characters")).to_have_count(0)
+
+    asker, asker_errors = _page(browser, server, viewport={"width": 900, "height": 760})
+    asker.goto("/")
+    asker.locator("[data-testid=nw-launcher]").click()
+    answered = None
+    for attempt in range(20):                                        # the index picks the article up in seconds
+        asker.locator("[data-testid=nw-input]").fill(GAP_QUESTION)
+        asker.locator("[data-testid=nw-send]").click()
+        replies = asker.locator("[data-testid=nw-message][data-role=assistant]")
+        expect(replies).to_have_count(attempt + 1, timeout=30_000)
+        if "20 characters" in replies.last.inner_text():
+            answered = time.monotonic() - approved_at
+            break
+        time.sleep(1)
+    assert answered is not None, "the bot never answered from the approved FAQ"
+    print(f"approved FAQ used by the bot {answered:.1f} s after approval")
+    asker.screenshot(path=str(ARTIFACTS / "13-faq-answer-customer.png"))
+    assert customer_errors == [] and agent_errors == [] and asker_errors == [], (customer_errors, agent_errors,
+                                                                                 asker_errors)
