@@ -336,7 +336,8 @@ def test_an_agents_answer_becomes_an_faq_the_bot_then_answers_with(app):
     started, reply = time.monotonic(), None
     while time.monotonic() - started < 30:
         again = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
-        reply = customer.post(f"/api/chat/sessions/{again}/messages", headers=KEY, json={"content": question}).get_json()
+        reply = customer.post(f"/api/chat/sessions/{again}/messages", headers=KEY,
+                              json={"content": question}).get_json()
         if any(c["source"].startswith("approved-faq/") for c in reply["citations"]):
             break
         time.sleep(0.5)

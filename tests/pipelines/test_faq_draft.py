@@ -20,7 +20,8 @@ def test_the_question_before_the_request_for_a_human_and_the_agents_answer():
                 msg("assistant", "I couldn't find that in our help centre.", grounding="unanswerable"),
                 msg("user", "let me talk to a person"), msg("assistant", "Connecting you.", intent="human_agent"),
                 msg("agent", "Hi, this is Priya. " + ANSWER, author={"name": "Priya"}),
-                msg("user", "great, thanks"), msg("agent", "Thanks for waiting! Have a nice day.", author={"name": "Priya"})]
+                msg("user", "great, thanks"),
+                msg("agent", "Thanks for waiting! Have a nice day.", author={"name": "Priya"})]
     assert exchange(messages) == ("Can you engrave a name on a cutting board?", ANSWER)
     assert exchange(messages[:6]) is None                                  # no agent answered
     assert exchange([msg("user", "a human please"), msg("assistant", "Connecting.", intent="human_agent"),
