@@ -25,6 +25,7 @@ from app.agent.auth import AUTH_SCHEME, init_agent_auth
 from app.agent.auth import bp as agent_auth_bp
 from app.agent.console import bp as console_bp
 from app.agent.faq_api import bp as agent_faq_bp
+from app.agent.webhooks_api import bp as agent_webhooks_bp
 from app.chat.demo_orders import init_demo_orders
 from app.chat.handoff import bp as chat_handoff_bp
 from app.chat.routes import bp as chat_bp
@@ -49,6 +50,7 @@ from app.store.conversations import ConversationStore
 from app.store.db import DatabaseUnavailable, init_db
 from app.store.faq_drafts import FaqDrafts
 from app.store.handoffs import Handoffs
+from app.store.webhooks import WebhookStore
 from app.tenants import TenantRegistry
 from configs import shipped
 from httpkit.openapi import build_spec, documented
@@ -94,6 +96,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     celery_init_app(app)
     db = init_db(app)
     init_agent_auth(app)
+    app.extensions["webhooks"] = WebhookStore(db)                 # app/webhook_events.py
     app.extensions["live_events"] = live_events_for(url)      # agent replies, typing, new handoffs
     app.extensions["sse_slots"] = threading.BoundedSemaphore(app.config["SSE_MAX_STREAMS"])
     app.extensions["support_chat"] = {
@@ -123,6 +126,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.register_blueprint(agent_auth_bp)
     app.register_blueprint(agent_api_bp)
     app.register_blueprint(agent_faq_bp)
+    app.register_blueprint(agent_webhooks_bp)
     app.register_blueprint(console_bp)
     init_demo_orders(app)
 

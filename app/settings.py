@@ -36,6 +36,12 @@ class WebSettings(BaseSettings):
     secret_key: str | None = Field(None, repr=False)
     agent_cookie_secure: bool | None = None
     agent_login_limit: str = "10 per minute"
+    # outgoing webhooks (httpkit/webhooks.py): hosts, IPs or CIDRs a webhook may call although
+    # private or loopback (comma-separated), one attempt's timeout, attempts, first retry delay
+    webhook_allow_hosts: str = ""
+    webhook_timeout_s: float = Field(5.0, gt=0, le=60)
+    webhook_max_attempts: int = Field(5, ge=1, le=20)
+    webhook_retry_base_s: float = Field(10.0, ge=0)
     # config files (resolved by `configs`: these override the shipped ones)
     kb_path: str | None = None
     kb_cache_dir: str | None = None
@@ -78,6 +84,8 @@ class WebSettings(BaseSettings):
             "DATABASE_URL": self.database_url, "DB_AUTO_MIGRATE": self.db_auto_migrate,
             "CONVERSATION_RETENTION_DAYS": self.conversation_retention_days, "HANDOFF_WAIT_S": self.handoff_wait_s,
             "RESOLUTION_WINDOW_H": self.resolution_window_h,
+            "WEBHOOK_ALLOW_HOSTS": self.webhook_allow_hosts, "WEBHOOK_TIMEOUT_S": self.webhook_timeout_s,
+            "WEBHOOK_MAX_ATTEMPTS": self.webhook_max_attempts, "WEBHOOK_RETRY_BASE_S": self.webhook_retry_base_s,
             "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,
             "AGENT_LOGIN_LIMIT": self.agent_login_limit,
             "KB_PATH": self.kb_path, "KB_CACHE_DIR": self.kb_cache_dir, "FAQ_PATH": self.faq_path,

@@ -49,6 +49,7 @@ from app.reports.knowledge_gaps import gap_turns, gaps_csv, knowledge_gaps
 from app.reports.queries import report
 from app.schemas import Error, Ok, error_responses
 from app.store.handoffs import Conflict, NotFound
+from app.webhook_events import emit
 from httpkit.openapi import Body, documented
 
 bp = Blueprint("agent_api", __name__, url_prefix="/api/agent")
@@ -144,6 +145,7 @@ def send(cid: str):
     if first_wait is not None:
         metrics.first_human_reply.observe(first_wait)
     handoff_events.agent_message(agent.tenant_id, cid, message)
+    emit(agent.tenant_id, "message.created", {"conversation_id": cid, "message": message})
     return jsonify({"message": message}), 201
 
 
@@ -167,6 +169,7 @@ def resolve(cid: str):
     done = _ext()["handoffs"].resolve(agent.tenant_id, _conversation_id(cid), agent.id)
     current_app.extensions["web_metrics"].handoffs.labels("resolved").inc()
     handoff_events.status_changed(agent.tenant_id, cid, "resolved", None)
+    emit(agent.tenant_id, "conversation.resolved", {"conversation_id": cid, "agent": {"name": agent.name}})
     from app.jobs.tasks import draft_faq, start_or_queue
     start_or_queue(draft_faq, agent.tenant_id, cid)         # the agent's answer becomes a pending FAQ draft
     return jsonify(done)

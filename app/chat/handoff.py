@@ -16,6 +16,7 @@ from app.chat.routes import _IN_SESSION, _cors, _ext, _session, _tenant_and_orig
 from app.errors import PlainError, render, validate_body
 from app.live_events import conversation_channel, sse_response
 from app.schemas import CHAT_EVENTS, ContactIn, CsatIn, Error, Ok, SessionPath, StatusOut, error_responses
+from app.webhook_events import emit
 from httpkit.openapi import documented
 
 bp = Blueprint("chat_handoff", __name__, url_prefix="/api/chat")
@@ -76,4 +77,6 @@ def csat(sid: str):
     if outcome == "rated":
         raise PlainError(409, "this conversation is already rated")
     current_app.extensions["web_metrics"].csat.labels(str(body.rating)).inc()
+    emit(tid, "csat.submitted", {"conversation_id": sid, "rating": body.rating,
+                                 "comment": _ext()["services"].clean(body.comment)})
     return jsonify({"ok": True})

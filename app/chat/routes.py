@@ -53,6 +53,7 @@ from app.schemas import (
     SessionView,
     error_responses,
 )
+from app.webhook_events import emit
 from httpkit.openapi import documented
 from pipelines.query_translation import has_cjk
 from pipelines.support_chat import ChatReply, MessageTooLong
@@ -123,6 +124,7 @@ _IN_SESSION = {**_ERRORS, **error_responses(Error, 400, 404, 413)}
 def create_session():
     """Start a conversation."""
     sid = _ext()["store"].create(g.tenant.tenant.tenant_id)
+    emit(g.tenant.tenant.tenant_id, "conversation.created", {"conversation_id": sid})
     return jsonify({"session_id": sid}), 201
 
 
@@ -170,7 +172,18 @@ def post_message(sid: str):
 def _to_human(tid: str, sid: str, status: str, clean: str) -> Response:
     """The customer writes while a human is asked for or answering: stored, sent to the agents."""
     index = _ext()["store"].append(tid, sid, {"role": "user", "content": clean})
+    _message_created(tid, sid, index)
     return jsonify(_sent_to_agents(tid, sid, index, status))
+
+
+def _message_created(tid: str, sid: str, *indexes: int | None) -> None:
+    """The webhook event of each stored message (looked up only when a webhook takes it)."""
+    if not current_app.extensions["webhooks"].subscribers(tid, "message.created"):
+        return
+    messages = _ext()["store"].messages(tid, sid)
+    for i in indexes:
+        if i is not None and 0 <= i < len(messages):
+            emit(tid, "message.created", {"conversation_id": sid, "message": messages[i]})
 
 
 def _waiting(tid: str, sid: str, status: str | None) -> dict | None:
@@ -215,6 +228,7 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
                   "degraded": reply.degraded, "grounding": reply.grounding, "action": reply.action, **flag}
         asked, index = store.append_turn(tid, sid, {"role": "user", "content": clean, **flag}, record)
+        _message_created(tid, sid, asked, index)
         if index is None:                     # a human took the conversation while the bot wrote
             return _sent_to_agents(tid, sid, asked)
         if reply.handoff:
@@ -289,6 +303,7 @@ def answer_action(sid: str, key: str):
     record = {"role": "assistant", "content": reply.reply, "citations": [], "intent": reply.intent,
               "action": reply.action}
     index = store.append(tid, sid, record)
+    _message_created(tid, sid, index)
     current_app.extensions["web_metrics"].turn(reply.intent, False, False, None, None)
     out = {k: v for k, v in asdict(reply).items() if k != "blocked"}
     out["message_index"] = index
@@ -311,5 +326,6 @@ def _start_handoff(tid: str, sid: str) -> None:
         return                                              # already waiting for or with a human
     current_app.extensions["web_metrics"].handoffs.labels("requested").inc()
     handoff_events.handoff_requested(tid, sid)
+    emit(tid, "handoff.requested", {"conversation_id": sid})
     from app.jobs.tasks import start_or_queue, summarize_handoff
     start_or_queue(summarize_handoff, tid, sid)            # the broker down: sent once it is back

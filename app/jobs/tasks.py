@@ -128,6 +128,38 @@ def draft_faq(tenant_id: str, session_id: str) -> dict | None:
     return draft
 
 
+@shared_task(bind=True, ignore_result=True, acks_late=True, max_retries=None, name="app.tasks.deliver_webhook")
+def deliver_webhook(self, delivery_id: str) -> None:
+    """POST one event to its webhook (httpkit/webhooks.py: SSRF-checked, signed, no redirects);
+    a failure is retried after WEBHOOK_RETRY_BASE_S, doubling, until WEBHOOK_MAX_ATTEMPTS
+    attempts. Each attempt is recorded in the delivery log."""
+    import json
+    import time
+
+    from httpkit.webhooks import deliver
+    config = current_app.config
+    store = current_app.extensions["webhooks"]
+    allow = [h for h in config["WEBHOOK_ALLOW_HOSTS"].split(",") if h.strip()]
+    eager = current_app.extensions["celery"].conf.task_always_eager
+    while True:
+        found = store.delivery(delivery_id)
+        if found is None or found[0]["status"] != "pending":
+            return                                        # the webhook was deleted, or it is done
+        delivery, url, secret = found
+        body = json.dumps({"id": delivery_id, **delivery["payload"]}, separators=(",", ":"),
+                          ensure_ascii=False).encode()
+        attempt = deliver(url, secret, delivery["event"], delivery_id, body, allow, config["WEBHOOK_TIMEOUT_S"])
+        attempts = delivery["attempts"] + 1
+        final = attempts >= config["WEBHOOK_MAX_ATTEMPTS"]
+        store.record(delivery_id, attempt.ok, final, attempt.status_code, attempt.error)
+        if attempt.ok or final:
+            return
+        delay = config["WEBHOOK_RETRY_BASE_S"] * 2 ** (attempts - 1)
+        if not eager:
+            raise self.retry(countdown=delay)
+        time.sleep(delay)                                 # in-process: this task's own thread waits
+
+
 # Celery beat runs it daily (the worker's beat schedule, app/worker.py); the embedded default
 # runs it from `python -m app serve` at start and every day after.
 RETENTION_SCHEDULE_S = 24 * 3600

@@ -193,3 +193,36 @@ class FaqDraft(Base):
     decided_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     decided_by: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
     __table_args__ = (Index("ix_faq_drafts_tenant_status", "tenant_id", "status"),)
+
+
+WEBHOOK_EVENTS = ("conversation.created", "message.created", "handoff.requested", "conversation.resolved",
+                  "csat.submitted")
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
+
+
+class Webhook(Base):
+    """A tenant's subscription: events POSTed, HMAC-signed, to a URL (app/webhook_events.py)."""
+    __tablename__ = "webhooks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(128))
+    events: Mapped[list] = mapped_column(JSON, default=list)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook, with its attempts' outcome: the console's delivery log."""
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    event: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    __table_args__ = (Index("ix_webhook_deliveries_webhook_created", "webhook_id", "created_at"),)

@@ -204,9 +204,11 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db = Database(url)
         assert db.current() is None
         db.upgrade()
-        assert db.current() == "0004"
+        assert db.current() == "0005"
         assert {"agents", "agent_sessions", "conversations", "messages", "handoffs", "feedback",
-                "audit_events", "action_calls", "faq_drafts"} <= set(db.table_names())
+                "audit_events", "action_calls", "faq_drafts", "webhooks", "webhook_deliveries"} <= set(db.table_names())
+        db.downgrade("0004")                              # the webhooks go
+        assert "webhooks" not in db.table_names() and "webhook_deliveries" not in db.table_names()
         db.downgrade("0003")                              # one step back: the FAQ drafts go
         assert db.current() == "0003" and "faq_drafts" not in db.table_names()
         db.downgrade("0002")                              # one step back: the action calls go
