@@ -6,6 +6,7 @@
  *   agent_reports.js       the reports tab
  *   agent_gaps.js          the knowledge gaps tab
  *   agent_faq.js           the FAQ drafts tab
+ *   agent_webhooks.js      the webhooks tab and delivery log
  *   agent_i18n.js          English / Chinese strings
  *   agent_util.js          DOM, API client, formatting
  *
@@ -17,9 +18,10 @@ import * as conversation from "./agent_conversation.js";
 import { initReports, loadReports, renderReports } from "./agent_reports.js";
 import { initGaps, loadGaps, renderGaps } from "./agent_gaps.js";
 import { loadFaq, renderFaq } from "./agent_faq.js";
+import { initWebhooks, loadWebhooks, renderWebhooks } from "./agent_webhooks.js";
 
 const STATUSES = ["pending_human", "human", "open", "resolved"];
-const PANELS = ["reports", "gaps", "faq"];                 // the tabs that are not inbox lists
+const PANELS = ["reports", "gaps", "faq", "webhooks"];                 // the tabs that are not inbox lists
 const TABS = STATUSES.concat(PANELS);
 const PAGE = 50;
 
@@ -45,6 +47,7 @@ async function boot() {
   renderLangToggle();
   initReports();
   initGaps();
+  initWebhooks();
   conversation.initConversation({ me: () => state.agent, onChange: patchItem, announce: announce });
   wire();
   onUnauthorized(() => showLogin(t("sessionExpired")));
@@ -244,6 +247,7 @@ function selectTab(tab, focus) {
   PANELS.forEach((p) => { $(p + "-panel").hidden = tab !== p; });
   if (PANELS.includes(tab)) {
     if (tab === "faq") loadFaq();                    // new drafts arrive as agents resolve: always fresh
+    else if (tab === "webhooks") loadWebhooks();     // and new deliveries as conversations go on
     else if (!state.loaded[tab]) { state.loaded[tab] = true; (tab === "reports" ? loadReports : loadGaps)(); }
   } else {
     $("inbox-panel").setAttribute("aria-labelledby", "tab-" + tab);
@@ -356,7 +360,7 @@ function onStatus(d) {
 /* ------------------------------------------------------------------ shortcuts, language, misc */
 
 const SHORTCUTS = [["j", "sc_next"], ["k", "sc_prev"], ["c", "sc_claim"], ["r", "sc_reply"], ["s", "sc_suggest"],
-  ["e", "sc_resolve"], ["Ctrl+Enter", "sc_send"], ["Esc", "sc_escape"], ["1–7", "sc_tabs"], ["?", "sc_help"]];
+  ["e", "sc_resolve"], ["Ctrl+Enter", "sc_send"], ["Esc", "sc_escape"], ["1–8", "sc_tabs"], ["?", "sc_help"]];
 
 function onKey(e) {
   if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || e.isComposing) return;
@@ -368,7 +372,7 @@ function onKey(e) {
     s: () => conversation.suggest(true), "?": showShortcuts,
     1: () => selectTab("pending_human", true), 2: () => selectTab("human", true), 3: () => selectTab("open", true),
     4: () => selectTab("resolved", true), 5: () => selectTab("reports", true), 6: () => selectTab("gaps", true),
-    7: () => selectTab("faq", true),
+    7: () => selectTab("faq", true), 8: () => selectTab("webhooks", true),
   }[e.key];
   if (!act) return;
   e.preventDefault();
@@ -403,6 +407,7 @@ function toggleLang() {
   renderReports();
   renderGaps();
   renderFaq();
+  renderWebhooks();
   if (!$("live-status").hidden) setLive(($("live-status").className.match(/live-(\w+)/) || [])[1] || "live");
 }
 

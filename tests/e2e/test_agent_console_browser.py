@@ -45,7 +45,8 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no Chromi
 
 def _server_env(tmp) -> dict:
     return app_env(tmp, MODEL="random:tiny", CHAT_MAX_TOKENS="48",
-                   HANDOFF_WAIT_S="2")       # the email / back-to-the-bot offers come after 2 s of waiting
+                   HANDOFF_WAIT_S="2",       # the email / back-to-the-bot offers come after 2 s of waiting
+                   WEBHOOK_ALLOW_HOSTS="127.0.0.1")       # the webhook test's receiver listens on loopback
 
 
 @pytest.fixture(scope="module")
@@ -377,3 +378,65 @@ def test_the_faq_loop_from_a_gap_to_the_bots_answer(server, browser):
     asker.screenshot(path=str(ARTIFACTS / "13-faq-answer-customer.png"))
     assert customer_errors == [] and agent_errors == [] and asker_errors == [], (customer_errors, agent_errors,
                                                                                  asker_errors)
+
+
+def test_a_webhook_added_in_the_console_shows_its_deliveries(server, browser):
+    """The agent adds a webhook to a receiver on loopback; its secret shows once; a customer's
+    conversation is delivered, signed, and the delivery log in the tab says so. A private address
+    is refused with the reason."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from playwright.sync_api import expect
+
+    from httpkit.webhooks import verify
+    got = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append((self.headers["X-Webhook-Signature"], body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_args):
+            pass
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        agent, agent_errors = _page(browser, server, viewport={"width": 1360, "height": 860})
+        a = lambda testid: agent.locator(f"[data-testid={testid}]")     # noqa: E731
+        agent.goto("/agent/")
+        a("login-email").fill(AGENT_EMAIL)
+        a("login-password").fill(AGENT_PASSWORD)
+        a("login-submit").click()
+        expect(a("agent-name")).to_contain_text(AGENT_NAME)
+        agent.keyboard.press("8")
+        a("webhook-url").fill("http://10.0.0.7/hook")
+        a("webhook-add").click()
+        expect(a("webhooks-error")).to_contain_text("private")
+        a("webhook-url").fill(f"http://127.0.0.1:{receiver.server_port}/hook")
+        a("webhook-add").click()
+        expect(a("webhook-secret-value")).to_contain_text("whsec_")
+        secret = a("webhook-secret-value").inner_text()
+        expect(a("webhook")).to_have_count(1)
+
+        customer = agent.context.browser.new_context(base_url=server).new_page()
+        created = customer.request.post(server + "/api/chat/sessions", headers={"X-Site-Key": SITE_KEY})
+        assert created.status == 201
+        for _ in range(50):
+            if got:
+                break
+            time.sleep(0.1)
+        assert got and verify(secret, got[0][0], got[0][1])
+        assert json.loads(got[0][1])["event"] == "conversation.created"
+        a("faq-tab").click()
+        a("webhooks-tab").click()                                     # the log is read again
+        expect(a("delivery").first).to_have_attribute("data-status", "delivered")
+        agent.screenshot(path=str(ARTIFACTS / "14-webhooks-agent.png"))
+        a("webhook-delete").click()
+        expect(a("webhook")).to_have_count(0)
+        assert agent_errors == [], agent_errors
+    finally:
+        receiver.shutdown()
