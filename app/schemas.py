@@ -129,6 +129,9 @@ class Waiting(BaseModel):
     waited_s: float
     offer_email: bool = Field(description="waited past HANDOFF_WAIT_S: offer to leave an email")
     offer_bot: bool = Field(description="waited past HANDOFF_WAIT_S: offer to go back to the assistant")
+    outside_hours: bool = Field(False, description="the team is away (the tenant's business_hours): the email "
+                                "offer comes at once")
+    opens_at: str | None = Field(None, description="when the team is back (ISO 8601, UTC), outside hours")
 
 
 class SessionView(BaseModel):
@@ -153,7 +156,8 @@ class CsatIn(_In):
 
 
 class ContactIn(_In):
-    email: Annotated[str, Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$"),
+    email: Annotated[str, Field(max_length=254,
+                                pattern=r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"),
                      Errors("email: must be an email address")]
 
 

@@ -42,6 +42,14 @@ class WebSettings(BaseSettings):
     webhook_timeout_s: float = Field(5.0, gt=0, le=60)
     webhook_max_attempts: int = Field(5, ge=1, le=20)
     webhook_retry_base_s: float = Field(10.0, ge=0)
+    # the email fallback (app/jobs/mail.py): agents' replies to customers who left an email address;
+    # unset SMTP_HOST: not mailed (agents still see the address)
+    smtp_host: str | None = None
+    smtp_port: int = Field(25, gt=0, lt=65536)
+    smtp_from: str = "support@localhost"
+    smtp_username: str | None = None
+    smtp_password: str | None = Field(None, repr=False)
+    smtp_starttls: bool = False
     # config files (resolved by `configs`: these override the shipped ones)
     kb_path: str | None = None
     kb_cache_dir: str | None = None
@@ -84,6 +92,9 @@ class WebSettings(BaseSettings):
             "DATABASE_URL": self.database_url, "DB_AUTO_MIGRATE": self.db_auto_migrate,
             "CONVERSATION_RETENTION_DAYS": self.conversation_retention_days, "HANDOFF_WAIT_S": self.handoff_wait_s,
             "RESOLUTION_WINDOW_H": self.resolution_window_h,
+            "SMTP_HOST": self.smtp_host, "SMTP_PORT": self.smtp_port, "SMTP_FROM": self.smtp_from,
+            "SMTP_USERNAME": self.smtp_username, "SMTP_PASSWORD": self.smtp_password,
+            "SMTP_STARTTLS": self.smtp_starttls,
             "WEBHOOK_ALLOW_HOSTS": self.webhook_allow_hosts, "WEBHOOK_TIMEOUT_S": self.webhook_timeout_s,
             "WEBHOOK_MAX_ATTEMPTS": self.webhook_max_attempts, "WEBHOOK_RETRY_BASE_S": self.webhook_retry_base_s,
             "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,

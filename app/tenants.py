@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.business_hours import BusinessHours, parse_hours
 from configs import read_yaml, shipped
 from pipelines.actions import load_actions
 from pipelines.grounded_answer import ANSWER_MODES
@@ -42,6 +43,7 @@ class TenantConfig:
     site_key: str
     allowed_origins: tuple[str, ...]
     api_key_hashes: tuple[str, ...] = field(default=(), repr=False)
+    hours: BusinessHours | None = None              # None: always open (app/business_hours.py)
 
     def allows_origin(self, origin: str) -> bool:
         return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.allowed_origins)
@@ -68,7 +70,8 @@ class TenantRegistry:
             actions = load_actions(_beside(path, spec["actions"])) if spec.get("actions") else ()
             self.tenants.append(TenantConfig(
                 Tenant(str(tid), spec.get("name", str(tid)), spec["system_prompt"], policy, mode, actions),
-                str(spec["site_key"]), tuple(spec.get("allowed_origins") or ()), hashes))
+                str(spec["site_key"]), tuple(spec.get("allowed_origins") or ()), hashes,
+                parse_hours(spec.get("business_hours"), f"tenants: {tid!r}")))
         if not self.tenants:
             raise ValueError(f"tenants: {path} defines no tenants")
 

@@ -146,6 +146,9 @@ def send(cid: str):
         metrics.first_human_reply.observe(first_wait)
     handoff_events.agent_message(agent.tenant_id, cid, message)
     emit(agent.tenant_id, "message.created", {"conversation_id": cid, "message": message})
+    if current_app.config["SMTP_HOST"] and _ext()["store"].contact(agent.tenant_id, cid):
+        from app.jobs.tasks import email_agent_reply, start_or_queue
+        start_or_queue(email_agent_reply, agent.tenant_id, cid, message["index"])   # the email fallback
     return jsonify({"message": message}), 201
 
 

@@ -18,6 +18,7 @@ Bodies are parsed by their models (app/schemas.py); every error is {"error": mes
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -192,6 +193,12 @@ def _waiting(tid: str, sid: str, status: str | None) -> dict | None:
     if waiting is not None:
         late = waiting["waited_s"] >= current_app.config["HANDOFF_WAIT_S"]
         waiting.update(offer_email=late, offer_bot=late)
+        hours = g.tenant.hours
+        now = dt.datetime.now(dt.UTC)
+        if hours is not None and not hours.is_open(now):       # nobody to wait for: email at once
+            opens = hours.next_open(now)
+            waiting.update(offer_email=True, offer_bot=True, outside_hours=True,
+                           opens_at=opens.isoformat() if opens else None)
     return waiting
 
 

@@ -9,6 +9,7 @@ messages already queued, and beat schedules, still reach it after an upgrade.
 """
 from __future__ import annotations
 
+import smtplib
 import threading
 
 from celery import Celery, Task, shared_task
@@ -158,6 +159,35 @@ def deliver_webhook(self, delivery_id: str) -> None:
         if not eager:
             raise self.retry(countdown=delay)
         time.sleep(delay)                                 # in-process: this task's own thread waits
+
+
+class MailUnavailable(Exception):
+    """The SMTP server did not take the message (retried)."""
+
+
+@shared_task(bind=True, ignore_result=True, acks_late=True, autoretry_for=(MailUnavailable,), retry_backoff=5,
+             retry_backoff_max=300, max_retries=5, name="app.tasks.email_agent_reply")
+def email_agent_reply(self, tenant_id: str, session_id: str, index: int) -> bool:
+    """Mail an agent's reply to the email address the customer left (the email fallback), over
+    SMTP_HOST; retried with backoff while the server refuses or is down. False when there is
+    nothing to send: no SMTP_HOST, no address, or no such agent message."""
+    from app.jobs.mail import agent_reply_message, send
+    config = current_app.config
+    ext = current_app.extensions["support_chat"]
+    store = ext["store"]
+    to = store.contact(tenant_id, session_id)
+    messages = store.messages(tenant_id, session_id)
+    if not config["SMTP_HOST"] or not to or not (0 <= index < len(messages)) or messages[index]["role"] != "agent":
+        return False
+    tenant = ext["tenants"].by_id(tenant_id)
+    message = agent_reply_message(config["SMTP_FROM"], to, tenant.tenant.name if tenant else tenant_id,
+                                  messages[index], [m for m in messages[:index] if m["role"] == "user"][-1:])
+    try:
+        send(message, config["SMTP_HOST"], config["SMTP_PORT"], config["SMTP_USERNAME"], config["SMTP_PASSWORD"],
+             config["SMTP_STARTTLS"])
+    except (OSError, smtplib.SMTPException) as exc:
+        raise MailUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    return True
 
 
 # Celery beat runs it daily (the worker's beat schedule, app/worker.py); the embedded default

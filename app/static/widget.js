@@ -59,6 +59,8 @@
       error: "Sorry, something went wrong.", network: "Connection problem. Please check your network.",
       interrupted: "The reply was interrupted.", retry: "Retry", retryAria: "Resend your last message",
       waiting: "Waiting for an agent…", waitingQueue: "Waiting for an agent — you are number {n} in the queue.",
+      outsideHours: "Our team is away until {time}. Leave your email and we'll reply there.",
+      outsideHoursUnknown: "Our team is away right now. Leave your email and we'll reply there.",
       offerEmail: "Leave your email and we'll reply", emailLabel: "Your email", emailPlaceholder: "you@example.com",
       emailSend: "Send", emailInvalid: "Please enter a valid email address.", emailThanks: "Thanks! We'll reply to {email}.",
       emailFailed: "Couldn't save your email. Please try again.",
@@ -86,6 +88,8 @@
       error: "抱歉,出现了问题。", network: "网络连接出现问题,请检查网络。",
       interrupted: "回复中断了。", retry: "重试", retryAria: "重新发送上一条消息",
       waiting: "正在等待人工客服…", waitingQueue: "正在等待人工客服——您目前排在第 {n} 位。",
+      outsideHours: "客服团队目前不在线,将于 {time} 回来。请留下邮箱,我们会通过邮件回复您。",
+      outsideHoursUnknown: "客服团队目前不在线。请留下邮箱,我们会通过邮件回复您。",
       offerEmail: "留下邮箱,我们会回复您", emailLabel: "您的邮箱", emailPlaceholder: "you@example.com",
       emailSend: "提交", emailInvalid: "请输入有效的邮箱地址。", emailThanks: "谢谢!我们会回复到 {email}。",
       emailFailed: "邮箱保存失败,请重试。",
@@ -806,6 +810,12 @@
     Object.keys(w).forEach((k) => { if (w[k] != null) state.waiting[k] = w[k]; });
     const n = state.waiting.queue_position;
     waitText.textContent = typeof n === "number" && n > 0 ? tf("waitingQueue", { n: n }) : t("waiting");
+    if (state.waiting.outside_hours) {          // nobody is there: the email fallback, at once
+      const opens = state.waiting.opens_at ? new Date(state.waiting.opens_at) : null;
+      waitText.textContent = opens && !isNaN(opens)
+        ? tf("outsideHours", { time: opens.toLocaleString(undefined, { weekday: "short", hour: "2-digit", minute: "2-digit" }) })
+        : t("outsideHoursUnknown");
+    }
     emailBtn.hidden = !state.waiting.offer_email || state.contactLeft || !emailForm.hidden;
     botBtn.hidden = !state.waiting.offer_bot;
     waitBar.hidden = false;

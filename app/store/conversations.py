@@ -179,6 +179,12 @@ class ConversationStore:
                              .values(contact_email=email, updated_at=utcnow()))
             return done.rowcount == 1
 
+    def contact(self, tenant: str, sid: str) -> str | None:
+        """The email address the customer left, if any."""
+        with self.db.session(readonly=True) as s:
+            return s.scalar(select(Conversation.contact_email).where(Conversation.id == sid,
+                                                                     Conversation.tenant_id == tenant))
+
     # ---- the agent's side: reads
 
     def list(self, tenant: str, status: str | None = None, limit: int = 50,
