@@ -24,6 +24,7 @@ from app.agent.api import bp as agent_api_bp
 from app.agent.auth import AUTH_SCHEME, init_agent_auth
 from app.agent.auth import bp as agent_auth_bp
 from app.agent.console import bp as console_bp
+from app.agent.experiments_api import bp as agent_experiments_bp
 from app.agent.faq_api import bp as agent_faq_bp
 from app.agent.webhooks_api import bp as agent_webhooks_bp
 from app.chat.demo_orders import init_demo_orders
@@ -48,6 +49,7 @@ from app.settings import WebSettings
 from app.store.action_log import SqlCallLog
 from app.store.conversations import ConversationStore
 from app.store.db import DatabaseUnavailable, init_db
+from app.store.experiments import ExperimentStore
 from app.store.faq_drafts import FaqDrafts
 from app.store.handoffs import Handoffs
 from app.store.webhooks import WebhookStore
@@ -97,6 +99,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     db = init_db(app)
     init_agent_auth(app)
     app.extensions["webhooks"] = WebhookStore(db)                 # app/webhook_events.py
+    app.extensions["experiments"] = ExperimentStore(db)           # A/B tests of the chat
     app.extensions["live_events"] = live_events_for(url)      # agent replies, typing, new handoffs
     app.extensions["sse_slots"] = threading.BoundedSemaphore(app.config["SSE_MAX_STREAMS"])
     app.extensions["support_chat"] = {
@@ -126,6 +129,7 @@ def create_app(config: dict | None = None, client=None, settings: WebSettings | 
     app.register_blueprint(agent_auth_bp)
     app.register_blueprint(agent_api_bp)
     app.register_blueprint(agent_faq_bp)
+    app.register_blueprint(agent_experiments_bp)
     app.register_blueprint(agent_webhooks_bp)
     app.register_blueprint(console_bp)
     init_demo_orders(app)

@@ -10,6 +10,8 @@
     agent_messages_total                              agents' replies to customers
     agent_first_reply_seconds                         handoff request -> first agent reply
     chat_filter_blocks_total{filter}                  banned_words | injection
+    chat_experiment_turns_total{experiment, arm}      turns answered inside an A/B experiment's arm
+    chat_experiment_first_token_seconds{experiment, arm}   the same turns' first-text latency
 
 Under gunicorn (PROMETHEUS_MULTIPROC_DIR set) every worker writes its values to that directory
 and /metrics adds them up (prometheus_client's multiprocess mode); see `render`.
@@ -55,6 +57,11 @@ class WebMetrics:
         self.first_human_reply = Histogram(
             "agent_first_reply_seconds", "From the handoff request to the agent's first reply",
             buckets=(5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
+        self.experiment_turns = Counter("chat_experiment_turns_total", "Chat turns answered inside an A/B "
+                                        "experiment, by experiment id and arm", ["experiment", "arm"], registry=r)
+        self.experiment_first_token = Histogram(
+            "chat_experiment_first_token_seconds", "First-text latency of turns inside an A/B experiment",
+            ["experiment", "arm"], buckets=LATENCY_BUCKETS, registry=r)
         self.filter_blocks = Counter("chat_filter_blocks_total", "Chat messages blocked by a filter", ["filter"],
                                      registry=r)
 

@@ -18,6 +18,7 @@ Bodies are parsed by their models (app/schemas.py); every error is {"error": mes
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -170,6 +171,20 @@ def post_message(sid: str):
     return resp
 
 
+def _experiment_arm(tid: str, sid: str, tenant):
+    """The tenant as this conversation's experiment arm sees it, and (experiment id, arm) for the
+    metrics; the tenant unchanged outside an experiment (app/store/experiments.py)."""
+    try:
+        assigned = current_app.extensions["experiments"].arm_of(tid, sid)
+    except Exception:                             # noqa: BLE001 - the turn goes on without the experiment
+        log.exception("experiment arm of %s not read", sid)
+        return tenant, None
+    if assigned is None:
+        return tenant, None
+    experiment, arm = assigned
+    return dataclasses.replace(tenant, **{experiment["factor"]: arm["value"]}), (str(experiment["id"]), arm["name"])
+
+
 def _to_human(tid: str, sid: str, status: str, clean: str) -> Response:
     """The customer writes while a human is asked for or answering: stored, sent to the agents."""
     index = _ext()["store"].append(tid, sid, {"role": "user", "content": clean})
@@ -224,16 +239,23 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
             raise PlainError(413, str(exc)) from None
     history = store.messages(tid, sid)[-MAX_HISTORY:]
     asked_at = time.time()
-    events = chat.respond(g.tenant.tenant, history, clean, blocked, conversation_id=sid)
+    tenant, arm = _experiment_arm(tid, sid, g.tenant.tenant)
+    events = chat.respond(tenant, history, clean, blocked, conversation_id=sid)
 
     metrics = current_app.extensions["web_metrics"]
+    first_text = {"at": None}                                  # when the reply's first text went out
 
     def finish(reply: ChatReply) -> dict:
         metrics.turn(reply.intent, reply.degraded, reply.handoff, reply.blocked, reply.grounding)
+        first_ms = ((first_text["at"] or time.time()) - asked_at) * 1000
+        if arm is not None:
+            metrics.experiment_turns.labels(*arm).inc()
+            metrics.experiment_first_token.labels(*arm).observe(first_ms / 1000)
         # the turn is stored whole, once it is answered: a failed turn leaves no orphan message
         flag = {"blocked": True} if reply.blocked else {}
         record = {"role": "assistant", "content": reply.reply, "citations": reply.citations, "intent": reply.intent,
-                  "degraded": reply.degraded, "grounding": reply.grounding, "action": reply.action, **flag}
+                  "degraded": reply.degraded, "grounding": reply.grounding, "action": reply.action,
+                  "first_token_ms": round(first_ms, 1), **flag}
         asked, index = store.append_turn(tid, sid, {"role": "user", "content": clean, **flag}, record)
         _message_created(tid, sid, asked, index)
         if index is None:                     # a human took the conversation while the bot wrote
@@ -261,7 +283,8 @@ def _turn(sid: str, tid: str, store, services, content: str, stream: bool, slot:
             for kind, value in events:
                 if kind == "token":
                     if first:
-                        metrics.first_token.observe(time.time() - asked_at)
+                        first_text["at"] = time.time()
+                        metrics.first_token.observe(first_text["at"] - asked_at)
                         first = False
                     yield f"event: token\ndata: {json.dumps({'text': value}, ensure_ascii=False)}\n\n"
                 else:

@@ -36,11 +36,14 @@ def _ratio(part: int, whole: int) -> float | None:
 
 
 def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
-           window: dt.timedelta = DEFAULT_WINDOW, now: dt.datetime | None = None) -> dict:
-    """The numbers for conversations started in [start, end) (UTC); outcomes as of `now`."""
+           window: dt.timedelta = DEFAULT_WINDOW, now: dt.datetime | None = None,
+           arm: tuple[int, str] | None = None) -> dict:
+    """The numbers for conversations started in [start, end) (UTC); outcomes as of `now`. With
+    `arm` (experiment id, arm name): only that arm's conversations, ratings and handoffs."""
     now = now or utcnow()
+    scope = (Conversation.experiment_id == arm[0], Conversation.arm == arm[1]) if arm else ()
     in_range = (Conversation.tenant_id == tenant, Conversation.num_messages > 0,
-                Conversation.created_at >= start, Conversation.created_at < end)
+                Conversation.created_at >= start, Conversation.created_at < end, *scope)
     with db.session(readonly=True) as s:
         handed = exists().where(Handoff.conversation_id == Conversation.id)
         agent_took_part = exists().where(Handoff.conversation_id == Conversation.id, Handoff.claimed_at.is_not(None))
@@ -52,13 +55,16 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
                    Conversation.updated_at, last.role, last.grounding, last.action["status"].as_string())
             .outerjoin(last, and_(last.conversation_id == Conversation.id, last.seq == Conversation.num_messages - 1))
             .where(*in_range)).all()
-        replies = s.execute(select(Handoff.requested_at, Handoff.first_reply_at).where(
+        replies_q = select(Handoff.requested_at, Handoff.first_reply_at).where(
             Handoff.tenant_id == tenant, Handoff.first_reply_at.is_not(None),
-            Handoff.requested_at >= start, Handoff.requested_at < end)).all()
+            Handoff.requested_at >= start, Handoff.requested_at < end)
+        if arm:
+            replies_q = replies_q.join(Conversation, Conversation.id == Handoff.conversation_id).where(*scope)
+        replies = s.execute(replies_q).all()
         ratings = s.execute(select(Feedback.created_at, Feedback.rating).join(
             Conversation, Conversation.id == Feedback.conversation_id).where(
             Conversation.tenant_id == tenant, Feedback.kind == "csat",
-            Feedback.created_at >= start, Feedback.created_at < end)).all()
+            Feedback.created_at >= start, Feedback.created_at < end, *scope)).all()
     daily: dict[dt.date, dict] = defaultdict(_empty_day)
     outcomes = dict.fromkeys(OUTCOMES, 0)
     undecided = 0

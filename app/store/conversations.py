@@ -130,7 +130,8 @@ class ConversationStore:
 
     @staticmethod
     def _extra(message: dict) -> dict:
-        extra = {k: message.get(k) for k in ("citations", "intent", "grounding", "degraded", "blocked", "action")}
+        extra = {k: message.get(k) for k in ("citations", "intent", "grounding", "degraded", "blocked", "action",
+                                             "first_token_ms")}
         return {k: v for k, v in extra.items() if v is not None}
 
     def set_summary(self, tenant: str, sid: str, summary: str) -> None:

@@ -94,9 +94,13 @@ class Conversation(Base):
     num_messages: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # the A/B experiment arm the conversation was assigned to (app/store/experiments.py), if any
+    experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    arm: Mapped[str | None] = mapped_column(String(32), nullable=True)
     assignee: Mapped[Agent | None] = relationship(lazy="joined")
     __table_args__ = (Index("ix_conversations_tenant_status_updated", "tenant_id", "status", "updated_at"),
-                      Index("ix_conversations_updated", "updated_at"))
+                      Index("ix_conversations_updated", "updated_at"),
+                      Index("ix_conversations_experiment_arm", "experiment_id", "arm"))
 
 
 class Message(Base):
@@ -113,6 +117,7 @@ class Message(Base):
     blocked: Mapped[bool] = mapped_column(Boolean, default=False)
     agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
     action: Mapped[dict | None] = mapped_column(JSON, nullable=True)        # the bot reply's action, if any
+    first_token_ms: Mapped[float | None] = mapped_column(Float, nullable=True)   # a bot reply's first text
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     agent: Mapped[Agent | None] = relationship(lazy="joined")
     __table_args__ = (UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),)
@@ -226,3 +231,20 @@ class WebhookDelivery(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     __table_args__ = (Index("ix_webhook_deliveries_webhook_created", "webhook_id", "created_at"),)
+
+
+EXPERIMENT_FACTORS = ("answer_mode", "system_prompt")
+
+
+class Experiment(Base):
+    """A tenant's A/B test: conversations are split between arms by weight, each arm changing one
+    factor of the chat (app/store/experiments.py); results in app/reports/experiments.py."""
+    __tablename__ = "experiments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(80))
+    factor: Mapped[str] = mapped_column(String(32))
+    arms: Mapped[list] = mapped_column(JSON, default=list)          # [{"name", "weight", "value"}], control first
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    stopped_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)

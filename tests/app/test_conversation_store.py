@@ -204,9 +204,12 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db = Database(url)
         assert db.current() is None
         db.upgrade()
-        assert db.current() == "0005"
+        assert db.current() == "0006"
         assert {"agents", "agent_sessions", "conversations", "messages", "handoffs", "feedback",
                 "audit_events", "action_calls", "faq_drafts", "webhooks", "webhook_deliveries"} <= set(db.table_names())
+        assert "experiments" in db.table_names()
+        db.downgrade("0005")                              # the experiments go
+        assert "experiments" not in db.table_names()
         db.downgrade("0004")                              # the webhooks go
         assert "webhooks" not in db.table_names() and "webhook_deliveries" not in db.table_names()
         db.downgrade("0003")                              # one step back: the FAQ drafts go

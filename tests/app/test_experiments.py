@@ -1,0 +1,120 @@
+"""A/B experiments: sticky weighted assignment, the statistics, and an experiment run through
+the app (answer mode per arm on the real chat pipeline), with its results and bad input."""
+from __future__ import annotations
+
+import math
+import secrets
+
+import pytest
+from sqlalchemy import select
+
+from app import create_app
+from app.agent.accounts import AgentAccounts
+from app.reports.significance import required_per_arm, two_proportions, wilson
+from app.store.experiments import pick_arm
+from app.store.models import Conversation, Message
+from tests.app.test_chat_api import TENANTS
+
+KEY = {"X-Site-Key": "demo-site-key"}
+PASSWORD = "correct horse battery"
+ARMS = [{"name": "control", "weight": 0.3, "value": "extractive"}, {"name": "free", "weight": 0.7, "value": "free"}]
+
+
+def test_assignment_follows_the_weights_and_sticks():
+    ids = [secrets.token_urlsafe(16) for _ in range(20000)]
+    arms = [pick_arm(7, i, ARMS) for i in ids]
+    assert abs(arms.count("control") / len(ids) - 0.3) < 0.015
+    assert [pick_arm(7, i, ARMS) for i in ids[:200]] == arms[:200]                  # sticky
+    other = [pick_arm(8, i, ARMS) for i in ids[:2000]]
+    assert sum(a != b for a, b in zip(arms[:2000], other)) > 600                    # a new experiment reshuffles
+
+
+def test_the_statistics_match_the_textbook():
+    got = two_proportions(50, 100, 60, 100)
+    assert math.isclose(got["difference"], 0.1)
+    assert math.isclose(got["p_value"], 0.1552, abs_tol=5e-4)                       # z = 1.421, pooled
+    assert math.isclose(got["ci_low"], 0.1 - 1.96 * math.sqrt(0.25 / 100 + 0.24 / 100), abs_tol=1e-3)
+    assert two_proportions(0, 0, 1, 2) is None
+    low, high = wilson(0, 10)
+    assert low == 0.0 and math.isclose(high, 0.2775, abs_tol=5e-4)
+    assert 380 <= required_per_arm(0.5, 0.6) <= 390                                 # 80% power, alpha 0.05
+
+
+@pytest.fixture(scope="module")
+def app(tiny_client, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("experiments")
+    (tmp / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
+    app = create_app({"TENANTS_PATH": str(tmp / "tenants.yaml"), "KB_CACHE_DIR": str(tmp / "kbcache"),
+                      "CHAT_MAX_TOKENS": 8, "CHAT_PROMPT_BUDGET": 900, "REDIS_URL": None,
+                      "DATABASE_URL": f"sqlite:///{tmp / 'conversations.db'}", "FAQ_PATH": str(tmp / "faq"),
+                      "AGENT_LOGIN_LIMIT": "1000 per minute"}, client=tiny_client)
+    app.extensions["experiments"].cache_s = 0.0
+    accounts = AgentAccounts(app.extensions["db"])
+    accounts.add("demo", "dana@northwind.test", PASSWORD, name="Dana")
+    accounts.add("other", "olga@other.test", PASSWORD, name="Olga")
+    return app
+
+
+def agent(app, email: str):
+    client = app.test_client()
+    resp = client.post("/api/agent/login", json={"email": email, "password": PASSWORD})
+    client.csrf = {"X-CSRF-Token": resp.get_json()["csrf_token"]}
+    return client
+
+
+def test_an_experiment_splits_conversations_and_reports_each_arm(app):
+    dana, olga, customer = agent(app, "dana@northwind.test"), agent(app, "olga@other.test"), app.test_client()
+    before = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]   # started before: outside
+    bad = [({"name": "x", "factor": "answer_mode", "arms": [{**ARMS[0], "weight": 0.5}, ARMS[1]]}, "sum to 1"),
+           ({"name": "x", "factor": "answer_mode", "arms": [ARMS[0], {**ARMS[1], "value": "poetry"}]}, "answer mode"),
+           ({"name": "x", "factor": "answer_mode", "arms": [ARMS[0], {**ARMS[1], "name": "control"}]}, "own name"),
+           ({"name": "x", "factor": "model", "arms": ARMS}, "factor"), ({"name": "x", "factor": "answer_mode",
+                                                                        "arms": ARMS[:1]}, "arms")]
+    for body, why in bad:
+        resp = dana.post("/api/agent/experiments", headers=dana.csrf, json=body)
+        assert resp.status_code == 400 and why in resp.get_json()["error"], (body, resp.get_json())
+    started = dana.post("/api/agent/experiments", headers=dana.csrf,
+                        json={"name": "Quote or generate", "factor": "answer_mode", "arms": ARMS})
+    assert started.status_code == 201
+    experiment = started.get_json()
+    again = dana.post("/api/agent/experiments", headers=dana.csrf,
+                      json={"name": "Another", "factor": "answer_mode", "arms": ARMS})
+    assert again.status_code == 409 and "running" in again.get_json()["error"]
+
+    sessions = []
+    for _ in range(12):
+        sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+        for question in ("How long do refunds take?", "And to a gift card?"):
+            customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": question})
+        sessions.append(sid)
+    customer.post(f"/api/chat/sessions/{before}/messages", headers=KEY, json={"content": "How long do refunds take?"})
+    with app.extensions["db"].session(readonly=True) as s:
+        arm_of = dict(s.execute(select(Conversation.id, Conversation.arm).where(
+            Conversation.id.in_([*sessions, before]))).all())
+        replies = s.execute(select(Message.conversation_id, Message.grounding, Message.first_token_ms).where(
+            Message.conversation_id.in_(sessions), Message.role == "assistant")).all()
+    assert arm_of[before] is None and {arm_of[s] for s in sessions} <= {"control", "free"}
+    for sid, grounding, first_ms in replies:                 # each arm answered in its own mode, every turn
+        if grounding in ("quoted", "free"):
+            assert grounding == ("quoted" if arm_of[sid] == "control" else "free"), (sid, grounding)
+        assert first_ms is not None and first_ms >= 0
+
+    listed = dana.get("/api/agent/experiments").get_json()["experiments"]
+    results = {r["arm"]: r for r in listed[0]["results"]}
+    assert listed[0]["id"] == experiment["id"] and listed[0]["status"] == "running"
+    assert sum(r["conversations"] for r in results.values()) == 12
+    assert results["control"]["conversations"] == sum(arm_of[s] == "control" for s in sessions)
+    assert results["control"]["vs_control"] is None and results["free"]["first_text_p50_ms"] is not None
+    assert set(results["free"]["vs_control"]) == {"resolution", "handoff", "resolution_significant",
+                                                   "handoff_significant"}
+    metrics = app.test_client().get("/metrics").get_data(as_text=True)
+    assert f'chat_experiment_turns_total{{arm="free",experiment="{experiment["id"]}"}}' in metrics
+
+    assert olga.post(f"/api/agent/experiments/{experiment['id']}/stop", headers=olga.csrf).status_code == 404
+    stopped = dana.post(f"/api/agent/experiments/{experiment['id']}/stop", headers=dana.csrf)
+    assert stopped.status_code == 200 and stopped.get_json()["status"] == "stopped"
+    assert dana.post(f"/api/agent/experiments/{experiment['id']}/stop", headers=dana.csrf).status_code == 409
+    late = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+    customer.post(f"/api/chat/sessions/{late}/messages", headers=KEY, json={"content": "How long do refunds take?"})
+    with app.extensions["db"].session(readonly=True) as s:
+        assert s.scalar(select(Conversation.arm).where(Conversation.id == late)) is None
