@@ -5,6 +5,7 @@
  */
 import { t } from "./agent_i18n.js";
 import { $, api, describe, duration, h, isoDate, number, percent } from "./agent_util.js";
+import { initExperiments, loadExperiments, renderExperiments } from "./agent_experiments.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 let last = null;          // the last report shown, re-rendered on a language switch
@@ -27,9 +28,11 @@ export function initReports() {
   $("reports-from").value = range.from;
   $("reports-to").value = range.to;
   $("reports-form").addEventListener("submit", (e) => { e.preventDefault(); loadReports(); });
+  initExperiments();
 }
 
 export async function loadReports() {
+  loadExperiments();
   const from = $("reports-from").value, to = $("reports-to").value;
   const error = $("reports-error");
   error.textContent = "";
@@ -46,6 +49,7 @@ export async function loadReports() {
 }
 
 export function renderReports() {
+  renderExperiments();
   if (!last) return;
   const r = last;
   const csat = r.csat_average == null ? t("r_none") : t("r_csat_value", { avg: number(r.csat_average, 2) });

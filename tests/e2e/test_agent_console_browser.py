@@ -437,6 +437,25 @@ def test_a_webhook_added_in_the_console_shows_its_deliveries(server, browser):
         agent.screenshot(path=str(ARTIFACTS / "14-webhooks-agent.png"))
         a("webhook-delete").click()
         expect(a("webhook")).to_have_count(0)
+
+        a("reports-tab").click()                                      # an A/B experiment, started and stopped
+        a("experiment-share").fill("150")
+        a("experiment-name").fill("Quote or generate")
+        a("experiment-start").click()
+        expect(a("experiment")).to_have_count(0)                      # the browser refuses a share over 99
+        a("experiment-share").fill("30")
+        a("experiment-treatment").fill("poetry")
+        a("experiment-start").click()
+        expect(a("experiments-error")).to_contain_text("unknown answer mode")
+        a("experiment-treatment").fill("grounded_generation")
+        a("experiment-start").click()
+        running = a("experiment").first
+        expect(running).to_have_attribute("data-status", "running")
+        expect(running.locator("[data-testid=experiment-arm]")).to_have_count(2)
+        expect(running).to_contain_text("treatment (30%)")
+        agent.screenshot(path=str(ARTIFACTS / "15-experiment-agent.png"))
+        running.locator("[data-testid=experiment-stop]").click()
+        expect(a("experiment").first).to_have_attribute("data-status", "stopped")
         assert agent_errors == [], agent_errors
     finally:
         receiver.shutdown()
