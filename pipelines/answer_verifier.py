@@ -111,7 +111,7 @@ class SentenceVerifier:
                 return Verdict(False, f"number {m.group(0)} in another context")
             if self._fits_another_number(n, _near(s, m, _REPLY_CUT)):
                 return Verdict(False, f"number {m.group(0)} of another fact")
-        for name in _names(s):
+        for name in names_in(s):
             if name.lower() not in self.names_text:
                 return Verdict(False, f"name {name}")
         content = [w for w in tokenize(s) if w not in _SMALL_TALK]
@@ -156,7 +156,7 @@ def _near(text: str, m: re.Match, cut: re.Pattern) -> set[str]:
     return {stem(w) for w in words if w not in _SMALL_TALK}
 
 
-def _names(sentence: str) -> list[str]:
+def names_in(sentence: str) -> list[str]:
     """Capitalised words and runs of them, but not a word that only opens the sentence (or a
     clause after a colon) and not small talk or weekdays."""
     out = []

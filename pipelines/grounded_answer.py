@@ -15,8 +15,11 @@ ways gets one clarifying question ("clarified").
 """
 from __future__ import annotations
 
+import re
+
 from pipelines.answer_selection import NUMBER, Selection
 from pipelines.answer_spans import Span
+from pipelines.answer_verifier import names_in
 from pipelines.query_translation import has_cjk
 
 ANSWER_MODES = ("extractive", "grounded_generation", "free")
@@ -63,16 +66,24 @@ def grounded_messages(system_prompt: str, selection: Selection, history: list[di
             {"role": "user", "content": f"Facts:\n{facts}\n\nQuestion: {user_text}"}]
 
 
-def missing_facts(reply: str, spans: list[Span], question: str = "") -> bool:
-    """The reply leaves out the figures the answer is about: none of what the best span adds to
-    the question ("2.4 GHz" to "does it work on 5 GHz?"), or, when the best span states none,
-    none of the other spans' new figures. A figure counts whole ("1" is not in "14")."""
+def missing_facts(reply: str, spans: list[Span], question: str = "", known: tuple[str, ...] = ()) -> bool:
+    """The reply leaves out the figures or names the answer is about: none of what the best span
+    adds to the question ("2.4 GHz" to "does it work on 5 GHz?"), or, when the best span states
+    no figure, none of the other spans' new figures; or none of the names the best span adds
+    ("the Northwind Home app", "My Orders"), `known` names (the tenant's) aside. A figure counts
+    whole ("1" is not in "14")."""
     def figures(text: str) -> set[str]:
         return set(NUMBER.findall(text))
     said, asked = figures(reply), figures(question)
     best = figures(spans[0].text) if spans else set()
     new = best - asked if best else {n for s in spans[1:] for n in figures(s.text)} - asked
-    return bool(new) and not new & said
+    if new and not new & said:
+        return True
+    if not spans:
+        return False
+    skip = {w.lower() for name in known for w in name.split()} | {w.lower() for w in re.findall(r"\w+", question)}
+    names = {n for n in names_in(spans[0].text) if any(w.lower() not in skip for w in n.split())}
+    return bool(names) and not any(n.lower() in reply.lower() for n in names)
 
 
 def translation_messages(reply: str) -> list[dict]:

@@ -312,7 +312,7 @@ class SupportChat:
                                       intent, parts)
             return
         said = "".join(parts).strip()
-        if not said or missing_facts(said, selection.spans, clean_text):
+        if not said or missing_facts(said, selection.spans, clean_text, known=(tenant.name,)):
             quote = self.banned.mask(quoted_reply(selection.spans, clean_text))[0]
             piece = f"{' ' if said else ''}{quote}"
             parts.append(piece)

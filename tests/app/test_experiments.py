@@ -8,15 +8,13 @@ import secrets
 import pytest
 from sqlalchemy import select
 
-from app import create_app
-from app.agent.accounts import AgentAccounts
 from app.reports.significance import required_per_arm, two_proportions, wilson
 from app.store.experiments import pick_arm
 from app.store.models import Conversation, Message
 from tests.app.test_chat_api import TENANTS
+from tests.helpers.agent_app import agent_app, signed_in
 
 KEY = {"X-Site-Key": "demo-site-key"}
-PASSWORD = "correct horse battery"
 ARMS = [{"name": "control", "weight": 0.3, "value": "extractive"}, {"name": "free", "weight": 0.7, "value": "free"}]
 
 
@@ -42,28 +40,13 @@ def test_the_statistics_match_the_textbook():
 
 @pytest.fixture(scope="module")
 def app(tiny_client, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("experiments")
-    (tmp / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
-    app = create_app({"TENANTS_PATH": str(tmp / "tenants.yaml"), "KB_CACHE_DIR": str(tmp / "kbcache"),
-                      "CHAT_MAX_TOKENS": 8, "CHAT_PROMPT_BUDGET": 900, "REDIS_URL": None,
-                      "DATABASE_URL": f"sqlite:///{tmp / 'conversations.db'}", "FAQ_PATH": str(tmp / "faq"),
-                      "AGENT_LOGIN_LIMIT": "1000 per minute"}, client=tiny_client)
+    app = agent_app(tiny_client, tmp_path_factory.mktemp("experiments"), TENANTS, CHAT_MAX_TOKENS=8)
     app.extensions["experiments"].cache_s = 0.0
-    accounts = AgentAccounts(app.extensions["db"])
-    accounts.add("demo", "dana@northwind.test", PASSWORD, name="Dana")
-    accounts.add("other", "olga@other.test", PASSWORD, name="Olga")
     return app
 
 
-def agent(app, email: str):
-    client = app.test_client()
-    resp = client.post("/api/agent/login", json={"email": email, "password": PASSWORD})
-    client.csrf = {"X-CSRF-Token": resp.get_json()["csrf_token"]}
-    return client
-
-
 def test_an_experiment_splits_conversations_and_reports_each_arm(app):
-    dana, olga, customer = agent(app, "dana@northwind.test"), agent(app, "olga@other.test"), app.test_client()
+    dana, olga, customer = signed_in(app, "dana@northwind.test"), signed_in(app, "olga@other.test"), app.test_client()
     before = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]   # started before: outside
     bad = [({"name": "x", "factor": "answer_mode", "arms": [{**ARMS[0], "weight": 0.5}, ARMS[1]]}, "sum to 1"),
            ({"name": "x", "factor": "answer_mode", "arms": [ARMS[0], {**ARMS[1], "value": "poetry"}]}, "answer mode"),

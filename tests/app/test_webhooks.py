@@ -11,13 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from app import create_app
-from app.agent.accounts import AgentAccounts
 from httpkit.webhooks import UnsafeURL, check_url, signature, verify
 from tests.app.test_chat_api import TENANTS
+from tests.helpers.agent_app import agent_app, signed_in
 
 KEY = {"X-Site-Key": "demo-site-key"}
-PASSWORD = "correct horse battery"
 EVENTS = ["conversation.created", "message.created", "handoff.requested", "conversation.resolved", "csat.submitted"]
 
 
@@ -69,24 +67,8 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def app(tiny_client, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("webhooks")
-    (tmp / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
-    app = create_app({"TENANTS_PATH": str(tmp / "tenants.yaml"), "KB_CACHE_DIR": str(tmp / "kbcache"),
-                      "CHAT_MAX_TOKENS": 16, "CHAT_PROMPT_BUDGET": 900, "REDIS_URL": None,
-                      "DATABASE_URL": f"sqlite:///{tmp / 'conversations.db'}", "FAQ_PATH": str(tmp / "faq"),
-                      "AGENT_LOGIN_LIMIT": "1000 per minute", "WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
-                      "WEBHOOK_RETRY_BASE_S": 0.05, "WEBHOOK_TIMEOUT_S": 10.0}, client=tiny_client)
-    accounts = AgentAccounts(app.extensions["db"])
-    accounts.add("demo", "dana@northwind.test", PASSWORD, name="Dana")
-    accounts.add("other", "olga@other.test", PASSWORD, name="Olga")
-    return app
-
-
-def agent(app, email: str):
-    client = app.test_client()
-    resp = client.post("/api/agent/login", json={"email": email, "password": PASSWORD})
-    client.csrf = {"X-CSRF-Token": resp.get_json()["csrf_token"]}
-    return client
+    return agent_app(tiny_client, tmp_path_factory.mktemp("webhooks"), TENANTS, WEBHOOK_ALLOW_HOSTS="127.0.0.1",
+                     WEBHOOK_RETRY_BASE_S=0.05, WEBHOOK_TIMEOUT_S=10.0)
 
 
 @pytest.mark.parametrize("url,why", [
@@ -121,7 +103,7 @@ def test_signatures_verify_and_reject_tampering_and_replays():
 
 
 def test_a_conversations_events_arrive_signed_retried_and_logged(app, receiver):
-    dana, olga, customer = agent(app, "dana@northwind.test"), agent(app, "olga@other.test"), app.test_client()
+    dana, olga, customer = signed_in(app, "dana@northwind.test"), signed_in(app, "olga@other.test"), app.test_client()
     for body, why in [({"url": "http://192.168.1.10/x", "events": EVENTS}, "private"),
                       ({"url": receiver.url, "events": []}, "events"),
                       ({"url": receiver.url, "events": ["message.deleted"]}, "events"),

@@ -204,3 +204,18 @@ def test_a_reply_missing_the_best_spans_new_figure_lacks_the_facts(parts):
     no_figure = next(s for s in lessons if "refund" in s.text)
     assert missing_facts("We cannot refund lessons.", [no_figure, upright], "Can I get a refund?")
     assert not missing_facts("We cannot refund lessons.", [no_figure], "Can I get a refund?")
+
+
+def test_a_reply_missing_the_best_spans_new_name_lacks_the_facts():
+    """A name the best span adds (an app, a page of the account) must be in the reply; the
+    tenant's own name and names the customer already used do not count."""
+    from pipelines.answer_spans import Span
+    from pipelines.grounded_answer import missing_facts
+    from pipelines.kb_chunk import Chunk
+    chunk = Chunk("Smart plug setup", "Pairing", "", "plug.md")
+    app = Span(chunk, "You'll need the free Keyhole Home app from Keys & Strings, on your phone's app store.", "", 0)
+    ask = "which app do I need for the plug?"
+    assert missing_facts("You need the app from your phone's app store.", [app], ask, known=("Keys & Strings",))
+    assert not missing_facts("Get the free Keyhole Home app.", [app], ask, known=("Keys & Strings",))
+    assert not missing_facts("It is free in the app store.", [app], "is the Keyhole Home app free?",
+                             known=("Keys & Strings",))
