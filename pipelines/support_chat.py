@@ -109,6 +109,7 @@ class Tenant:
     banned_input_policy: str = "block"                        # block | mask
     answer_mode: str = "extractive"                           # pipelines.grounded_answer.ANSWER_MODES
     actions: tuple[ActionSpec, ...] = ()                      # what the assistant may do (pipelines.actions)
+    max_tokens: int | None = None                             # a reply's token budget (None: the chat's)
 
 
 class SupportChat:
@@ -305,7 +306,8 @@ class SupportChat:
         parts: list[str] = []
         messages = grounded_messages(tenant.system_prompt, selection, history, clean_text)
         try:
-            yield from self._stream(messages, guard, parts, GROUNDED_MAX_TOKENS)
+            yield from self._stream(messages, guard, parts, min(tenant.max_tokens or GROUNDED_MAX_TOKENS,
+                                                                GROUNDED_MAX_TOKENS))
         except InferenceError as exc:
             log.warning("generation failed (%s); answering from the help centre", exc)
             yield from self._degraded(clean_text, [Passage(s.chunk, 0.0, 0.0) for s in selection.spans],
@@ -327,7 +329,7 @@ class SupportChat:
         try:
             # the prompt and the reply share the model's context
             context = self.client.max_model_len()
-            max_tokens = min(self.max_tokens, context // 2)
+            max_tokens = min(tenant.max_tokens or self.max_tokens, context // 2)
             # the pieces are counted one by one, the service counts the templated whole: keep
             # 1/32 of the context as slack (a turn over it would be refused and degrade)
             budget = min(self.prompt_budget, context - max_tokens - 8 - context // 32)

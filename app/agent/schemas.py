@@ -391,8 +391,8 @@ class ArmIn(_AgentIn):
 class ExperimentIn(_AgentIn):
     name: Annotated[str, Field(min_length=1, max_length=80, pattern=r"\S"),
                     Errors("name: a non-empty string of at most 80 characters")]
-    factor: Annotated[Literal["answer_mode", "system_prompt"],
-                      Errors("factor: must be answer_mode or system_prompt (one model is served here)")]
+    factor: Annotated[Literal["answer_mode", "system_prompt", "max_tokens"],
+                      Errors("factor: must be answer_mode, system_prompt or max_tokens (one model is served here)")]
     arms: Annotated[list[ArmIn], Field(min_length=2, max_length=4),
                     Errors("arms: 2 to 4 arms, each {name, weight, value}; the first is the control")]
 
@@ -404,11 +404,12 @@ class ExperimentIn(_AgentIn):
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise InvalidRequest("arms: each arm needs its own name")
-        if self.factor == "answer_mode":
-            for i, a in enumerate(self.arms):
-                if a.value not in ANSWER_MODE_VALUES:
-                    raise InvalidRequest(f"arms[{i}].value: unknown answer mode {a.value!r}; one of "
-                                         f"{', '.join(ANSWER_MODE_VALUES)}")
+        for i, a in enumerate(self.arms):
+            if self.factor == "answer_mode" and a.value not in ANSWER_MODE_VALUES:
+                raise InvalidRequest(f"arms[{i}].value: unknown answer mode {a.value!r}; one of "
+                                     f"{', '.join(ANSWER_MODE_VALUES)}")
+            if self.factor == "max_tokens" and not (a.value.isdigit() and 8 <= int(a.value) <= 2048):
+                raise InvalidRequest(f"arms[{i}].value: a reply's token budget, a whole number from 8 to 2048")
         return self
 
 

@@ -182,7 +182,8 @@ def _experiment_arm(tid: str, sid: str, tenant):
     if assigned is None:
         return tenant, None
     experiment, arm = assigned
-    return dataclasses.replace(tenant, **{experiment["factor"]: arm["value"]}), (str(experiment["id"]), arm["name"])
+    value = int(arm["value"]) if experiment["factor"] == "max_tokens" else arm["value"]
+    return dataclasses.replace(tenant, **{experiment["factor"]: value}), (str(experiment["id"]), arm["name"])
 
 
 def _to_human(tid: str, sid: str, status: str, clean: str) -> Response:

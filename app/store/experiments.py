@@ -4,6 +4,8 @@ One experiment runs per tenant at a time. It changes one factor of the chat per 
 
     answer_mode     extractive | grounded_generation | free (pipelines/grounded_answer.py)
     system_prompt   the tenant's system prompt text
+    max_tokens      a generated reply's token budget: the latency lever (a grounded reply keeps
+                    its own cap of 96 as the upper bound)
 
 A conversation gets its arm at its first turn while the experiment runs, and keeps it: the arm is
 a hash of the experiment and conversation ids mapped onto the arms' cumulative weights, so the

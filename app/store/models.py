@@ -233,7 +233,7 @@ class WebhookDelivery(Base):
     __table_args__ = (Index("ix_webhook_deliveries_webhook_created", "webhook_id", "created_at"),)
 
 
-EXPERIMENT_FACTORS = ("answer_mode", "system_prompt")
+EXPERIMENT_FACTORS = ("answer_mode", "system_prompt", "max_tokens")
 
 
 class Experiment(Base):

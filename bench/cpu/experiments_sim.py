@@ -77,7 +77,7 @@ def main() -> None:
     aa = simulate(p1, p1, 2 * per_arm, args.runs, rng, first_id=2_000_000)
     se_ab = math.sqrt(ab["rate"] * (1 - ab["rate"]) / args.runs)
     se_aa = math.sqrt(aa["rate"] * (1 - aa["rate"]) / args.runs)
-    rows = [("A/B +%d points: power" % round(100 * args.lift), ab["rate"], se_ab,
+    rows = [(f"A/B +{round(100 * args.lift)} points: power", ab["rate"], se_ab,
              expected_power(p1, p2, per_arm, per_arm)),
             ("A/A: false alarms", aa["rate"], se_aa, ALPHA)]
     print(f"\n{'scenario':28} {'measured':>9} {'± 1 s.e.':>9} {'textbook':>9}")

@@ -51,7 +51,9 @@ def test_an_experiment_splits_conversations_and_reports_each_arm(app):
     bad = [({"name": "x", "factor": "answer_mode", "arms": [{**ARMS[0], "weight": 0.5}, ARMS[1]]}, "sum to 1"),
            ({"name": "x", "factor": "answer_mode", "arms": [ARMS[0], {**ARMS[1], "value": "poetry"}]}, "answer mode"),
            ({"name": "x", "factor": "answer_mode", "arms": [ARMS[0], {**ARMS[1], "name": "control"}]}, "own name"),
-           ({"name": "x", "factor": "model", "arms": ARMS}, "factor"), ({"name": "x", "factor": "answer_mode",
+           ({"name": "x", "factor": "model", "arms": ARMS}, "factor"),
+           ({"name": "x", "factor": "max_tokens", "arms": [{**ARMS[0], "value": "64"}, {**ARMS[1], "value": "4096"}]},
+            "token budget"), ({"name": "x", "factor": "answer_mode",
                                                                         "arms": ARMS[:1]}, "arms")]
     for body, why in bad:
         resp = dana.post("/api/agent/experiments", headers=dana.csrf, json=body)
