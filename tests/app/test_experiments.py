@@ -2,17 +2,22 @@
 the app (answer mode per arm on the real chat pipeline), with its results and bad input."""
 from __future__ import annotations
 
+import datetime as dt
 import math
 import secrets
 
 import pytest
 from sqlalchemy import select
 
+from app.reports.experiments import arm_results
 from app.reports.significance import required_per_arm, two_proportions, wilson
-from app.store.experiments import pick_arm
-from app.store.models import Conversation, Message
+from app.store.conversations import ConversationStore
+from app.store.experiments import ExperimentStore, pick_arm
+from app.store.handoffs import Conflict, NotFound
+from app.store.models import Conversation, Message, utcnow
 from tests.app.test_chat_api import TENANTS
 from tests.helpers.agent_app import agent_app, signed_in
+from tests.helpers.databases import BACKENDS, migrated_database
 
 KEY = {"X-Site-Key": "demo-site-key"}
 ARMS = [{"name": "control", "weight": 0.3, "value": "extractive"}, {"name": "free", "weight": 0.7, "value": "free"}]
@@ -103,3 +108,40 @@ def test_an_experiment_splits_conversations_and_reports_each_arm(app):
     customer.post(f"/api/chat/sessions/{late}/messages", headers=KEY, json={"content": "How long do refunds take?"})
     with app.extensions["db"].session(readonly=True) as s:
         assert s.scalar(select(Conversation.arm).where(Conversation.id == late)) is None
+
+
+@pytest.fixture(params=BACKENDS)
+def db(request, tmp_path):
+    with migrated_database(request.param, tmp_path) as database:
+        yield database
+
+
+def test_arms_and_their_results_on_both_databases(db):
+    """Assignment, stickiness and per-arm results on SQLite and PostgreSQL (the compose stack's)."""
+    store, experiments = ConversationStore(db), ExperimentStore(db, cache_s=0.0)
+    early = store.create("demo")
+    experiment = experiments.start("demo", "budget", "max_tokens",
+                                   [{"name": "long", "weight": 0.5, "value": "256"},
+                                    {"name": "short", "weight": 0.5, "value": "64"}])
+    with pytest.raises(Conflict):
+        experiments.start("demo", "again", "max_tokens", experiment["arms"])
+    assert experiments.arm_of("demo", early) is None                      # began before the start
+    sids = [store.create("demo") for _ in range(40)]
+    arms = {}
+    for sid in sids:
+        _, arm = experiments.arm_of("demo", sid)
+        arms[sid] = arm["name"]
+        assert experiments.arm_of("demo", sid)[1]["name"] == arm["name"]    # sticky
+        store.append("demo", sid, {"role": "user", "content": "a question"})
+        store.append("demo", sid, {"role": "assistant", "content": "an answer", "grounding": "quoted",
+                                   "first_token_ms": 100.0 if arm["name"] == "long" else 40.0})
+    assert set(arms.values()) == {"long", "short"}
+    later = utcnow() + dt.timedelta(days=2)                                   # past the resolution window
+    results = {r["arm"]: r for r in arm_results(db, "demo", experiments.get("demo", experiment["id"]), now=later)}
+    assert results["long"]["conversations"] + results["short"]["conversations"] == 40
+    assert results["long"]["resolution_rate"] == 1.0 and results["short"]["first_text_p50_ms"] == 40.0
+    assert results["short"]["vs_control"]["resolution"]["p_value"] == 1.0
+    stopped = experiments.stop("demo", experiment["id"])
+    assert stopped["status"] == "stopped" and experiments.arm_of("demo", store.create("demo")) is None
+    with pytest.raises(NotFound):
+        experiments.stop("other", experiment["id"])

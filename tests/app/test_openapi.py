@@ -7,6 +7,7 @@ of them with real session ids and credentials so they reach the handlers, not ju
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -76,7 +77,7 @@ def test_the_spec_is_generated_from_the_routes(web_app):
     documented = {(p, m.upper()) for p, ops in spec["paths"].items() for m in ops}
     for rule in web_app.url_map.iter_rules():
         if rule.rule.startswith(("/api/", "/v1/")):
-            path = rule.rule.replace("<", "{").replace(">", "}")
+            path = re.sub(r"<(?:[a-z_]+:)?(\w+)>", r"{\1}", rule.rule)      # "<int:id>" -> "{id}"
             for method in rule.methods - {"HEAD", "OPTIONS"}:
                 assert (path, method) in documented, f"{method} {rule.rule} is not in /openapi.json"
     body = spec["paths"]["/api/chat/sessions/{sid}/messages"]["post"]["requestBody"]["content"]["application/json"]

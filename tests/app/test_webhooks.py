@@ -11,9 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from app.store.handoffs import NotFound
+from app.store.webhooks import MAX_WEBHOOKS, TooMany, WebhookStore
 from httpkit.webhooks import UnsafeURL, check_url, signature, verify
 from tests.app.test_chat_api import TENANTS
 from tests.helpers.agent_app import agent_app, signed_in
+from tests.helpers.databases import BACKENDS, migrated_database
 
 KEY = {"X-Site-Key": "demo-site-key"}
 EVENTS = ["conversation.created", "message.created", "handoff.requested", "conversation.resolved", "csat.submitted"]
@@ -160,3 +163,34 @@ def test_a_conversations_events_arrive_signed_retried_and_logged(app, receiver):
     assert olga.delete(f"/api/agent/webhooks/{hook['id']}", headers=olga.csrf).status_code == 404
     assert dana.delete(f"/api/agent/webhooks/{hook['id']}", headers=dana.csrf).get_json() == {"ok": True}
     assert dana.get(f"/api/agent/webhooks/{hook['id']}/deliveries").status_code == 404
+
+
+@pytest.fixture(params=BACKENDS)
+def db(request, tmp_path):
+    with migrated_database(request.param, tmp_path) as database:
+        yield database
+
+
+def test_the_webhook_store_on_both_databases(db):
+    """Subscriptions per tenant and event, and the delivery log's states, on SQLite and PostgreSQL."""
+    store = WebhookStore(db, cache_s=0.0)
+    hook = store.add("demo", "https://93.184.216.34/hook", ["message.created", "csat.submitted"])
+    assert hook["secret"].startswith("whsec_") and "secret" not in store.list("demo")[0]
+    assert [s[0] for s in store.subscribers("demo", "csat.submitted")] == [hook["id"]]
+    assert store.subscribers("demo", "handoff.requested") == [] and store.subscribers("other", "csat.submitted") == []
+    delivery = store.enqueue(hook["id"], "csat.submitted", {"data": {"rating": 5}})
+    store.record(delivery, ok=False, final=False, status_code=500, error="HTTP 500")
+    found, url, secret = store.delivery(delivery)
+    assert found["status"] == "pending" and found["attempts"] == 1
+    assert url.endswith("/hook") and secret == hook["secret"]
+    store.record(delivery, ok=True, final=False, status_code=200, error="")
+    log = store.deliveries("demo", hook["id"])
+    assert log[0]["status"] == "delivered" and log[0]["attempts"] == 2 and log[0]["finished_at"]
+    with pytest.raises(NotFound):
+        store.deliveries("other", hook["id"])
+    for _ in range(MAX_WEBHOOKS - 1):
+        store.add("demo", "https://93.184.216.34/more", ["message.created"])
+    with pytest.raises(TooMany):
+        store.add("demo", "https://93.184.216.34/one-too-many", ["message.created"])
+    store.remove("demo", hook["id"])
+    assert store.delivery(delivery) is None                                  # the log goes with it
