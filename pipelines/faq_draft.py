@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pipelines.answer_selection import NUMBER
 from pipelines.answer_spans import split_sentences
 
-HUMAN_INTENT = "human_agent"
+HUMAN_INTENT = "human_agent"          # the intent of the reply to "let me talk to a person"
 FAQ_RULES = ("Turn the support agent's answer into a help-centre FAQ entry. Write one general question a "
              "customer could ask (no names, order numbers or dates) and an answer of one to three sentences "
              "that says only what the agent wrote. Reply exactly as:\nQuestion: ...\nAnswer: ...")

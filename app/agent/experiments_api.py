@@ -12,7 +12,7 @@ import datetime as dt
 from flask import Blueprint, current_app, jsonify, request
 
 from app.agent.auth import agent_required, current_agent
-from app.agent.schemas import ExperimentIn, ExperimentList, ExperimentOut, ExperimentPath
+from app.agent.experiment_schemas import ExperimentIn, ExperimentList, ExperimentOut, ExperimentPath
 from app.errors import PlainError, render, validate_body
 from app.reports.experiments import arm_results
 from app.schemas import Error, error_responses

@@ -14,7 +14,7 @@ import uuid
 from flask import Blueprint, current_app, jsonify, request
 
 from app.agent.auth import agent_required, current_agent
-from app.agent.schemas import FaqApproveIn, FaqDraftList, FaqDraftOut, FaqDraftPath, FaqDraftQuery
+from app.agent.faq_schemas import FaqApproveIn, FaqDraftList, FaqDraftOut, FaqDraftPath, FaqDraftQuery
 from app.errors import PlainError, render, validate_body
 from app.schemas import Error, error_responses
 from app.store.handoffs import Conflict, NotFound

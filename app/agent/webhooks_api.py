@@ -11,7 +11,7 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify, request
 
 from app.agent.auth import agent_required, current_agent
-from app.agent.schemas import (
+from app.agent.webhook_schemas import (
     DeliveryList,
     DeliveryQuery,
     WebhookCreated,

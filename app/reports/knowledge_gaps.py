@@ -30,11 +30,11 @@ from sqlalchemy.orm import aliased
 
 from app.store.db import Database
 from app.store.models import Conversation, Handoff, Message
+from pipelines.faq_draft import HUMAN_INTENT
 from pipelines.knowledge_base import stem, tokenize
 
 REASONS = ("unanswerable", "low_support", "handed_off")
 _GROUNDING_REASON = {"unanswerable": "unanswerable", "sentence_dropped": "low_support"}
-HUMAN_INTENT = "human_agent"          # the reply to "let me talk to a person"
 MAX_TURNS = 2000                      # the newest gap turns a report clusters
 EXAMPLES = 5
 EMBED_THRESHOLD = 0.5                 # MiniLM: paraphrases 0.65-0.85, other topics below 0.45
