@@ -8,7 +8,10 @@ resolve elsewhere later):
     link-local (169.254.0.0/16, the cloud metadata service), carrier-grade NAT, multicast,
     reserved and unspecified addresses are refused, unless the host or address is in `allow`
     (hostnames, IP addresses or CIDR ranges; WEBHOOK_ALLOW_HOSTS);
-  - redirects are never followed.
+  - redirects are never followed;
+  - the request goes to the address that was checked, not to a second lookup of the name, so a
+    name that answers a public address to the check and a private one to the connection (DNS
+    rebinding) cannot reach the inside; the Host header and the TLS server name stay the URL's.
 
 The signature is Stripe's scheme: header `X-Webhook-Signature: t=<unix time>,v1=<hex>`, where
 hex is HMAC-SHA256(secret, "<unix time>.<raw body>"). A receiver recomputes it and rejects a
@@ -23,7 +26,7 @@ import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -64,13 +67,31 @@ def resolve(host: str, port: int) -> list[ipaddress._BaseAddress]:
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
 
 
-def check_url(url: str, allow: Iterable[str] = ()) -> str:
-    """The URL if it may be called; raises UnsafeURL saying why not."""
+@dataclass(frozen=True)
+class Target:
+    """A checked URL and the address its request goes to."""
+    url: str
+    address: ipaddress._BaseAddress
+
+    def pinned(self) -> tuple[str, dict[str, str], dict[str, str]]:
+        """(URL with the address for its host, headers, httpx request extensions): the connection
+        goes to `address`, while the Host header and the TLS server name (SNI and the certificate
+        check) are the URL's own host."""
+        parts = urlsplit(self.url)
+        literal = f"[{self.address}]" if self.address.version == 6 else str(self.address)
+        netloc = literal + (f":{parts.port}" if parts.port else "")
+        extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+        return urlunsplit(parts._replace(netloc=netloc)), {"Host": parts.netloc}, extensions
+
+
+def check(url: str, allow: Iterable[str] = ()) -> Target:
+    """The URL and the address to call if it may be called; raises UnsafeURL saying why not."""
     if not isinstance(url, str) or not url.strip():
         raise UnsafeURL("url: required, an http or https URL")
     if len(url) > MAX_URL_CHARS:
         raise UnsafeURL(f"url: at most {MAX_URL_CHARS} characters")
-    parts = urlsplit(url.strip())
+    url = url.strip()
+    parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise UnsafeURL(f"url: the scheme must be http or https, not {parts.scheme or 'none'!r}")
     if not parts.hostname:
@@ -83,12 +104,19 @@ def check_url(url: str, allow: Iterable[str] = ()) -> str:
         raise UnsafeURL("url: the port is not a number from 0 to 65535") from None
     allow = list(allow)
     addresses = resolve(parts.hostname, port)
+    if not addresses:
+        raise UnsafeURL(f"url: the host {parts.hostname!r} resolves to no address")
     if not _allowed(parts.hostname, addresses, allow):
         blocked = [str(a) for a in addresses if not _public(a)]
         if blocked:
             raise UnsafeURL(f"url: {parts.hostname} resolves to a private or reserved address ({blocked[0]}); "
                             "only public addresses, or hosts in WEBHOOK_ALLOW_HOSTS, may be called")
-    return url.strip()
+    return Target(url, addresses[0])
+
+
+def check_url(url: str, allow: Iterable[str] = ()) -> str:
+    """The URL if it may be called; raises UnsafeURL saying why not."""
+    return check(url, allow).url
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -121,15 +149,16 @@ def deliver(url: str, secret: str, event: str, delivery_id: str, body: bytes, al
     """One signed POST; 2xx is success. Never raises for the receiver's faults."""
     started = time.perf_counter()
     try:
-        check_url(url, allow)
+        target = check(url, allow)
     except UnsafeURL as exc:
         return Attempt(False, None, str(exc), 0.0)
+    pinned_url, host, extensions = target.pinned()
     timestamp = int(time.time())
-    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "X-Webhook-Event": event,
+    headers = {**host, "Content-Type": "application/json", "User-Agent": USER_AGENT, "X-Webhook-Event": event,
                "X-Webhook-Delivery": delivery_id, "X-Webhook-Signature": signature(secret, timestamp, body)}
     try:
         with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
-            resp = client.post(url, content=body, headers=headers)
+            resp = client.post(pinned_url, content=body, headers=headers, extensions=extensions)
     except httpx.HTTPError as exc:
         return Attempt(False, None, f"{type(exc).__name__}: {exc}"[:300], (time.perf_counter() - started) * 1000)
     elapsed = (time.perf_counter() - started) * 1000

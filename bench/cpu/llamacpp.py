@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from bench.harness import stop_process, wait_ready
+from inference.kernels.cpu_ops import cpu_flags
 
 SDIST_NAME, SDIST_VERSION = "llama-cpp-python", "0.3.36"
 # the server and llama-bench for speed; llama-perplexity for the agreement peer (gguf_agreement)
@@ -29,11 +30,15 @@ def cache_dir() -> Path:
 # ISA level (ours, inference/kernels/cpu_ops.py) -> llama.cpp's build for the same level: the
 # machine's native flags for the top one, explicit GGML options (GGML_NATIVE=OFF) below it
 # (AMX stays off: on a VM that lists AMX in its CPU flags without enabling its tile state,
-# -march=native built ggml's AMX kernels and llama-server died of SIGILL; our kernels use none)
+# -march=native built ggml's AMX kernels and llama-server died of SIGILL; our kernels use none).
+# AVX512_BF16 follows the CPU, as our -march=native build does: on an Ice Lake Xeon, which has
+# VNNI without BF16, a build with it on would hold instructions that CPU cannot run.
+_BF16 = "ON" if "avx512_bf16" in cpu_flags() else "OFF"
 LEVEL_OPTIONS = {
     "avx512_vnni": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
                     "-DGGML_BMI2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
-                    "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
+                    f"-DGGML_AVX512_BF16={_BF16}", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+                    "-DGGML_AMX_BF16=OFF"],
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF"],
 }

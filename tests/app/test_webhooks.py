@@ -13,7 +13,8 @@ import pytest
 
 from app.store.handoffs import NotFound
 from app.store.webhooks import MAX_WEBHOOKS, TooMany, WebhookStore
-from httpkit.webhooks import UnsafeURL, check_url, signature, verify
+from httpkit import webhooks
+from httpkit.webhooks import UnsafeURL, check, check_url, deliver, signature, verify
 from tests.app.test_chat_api import TENANTS
 from tests.helpers.agent_app import agent_app, signed_in
 from tests.helpers.databases import BACKENDS, migrated_database
@@ -93,6 +94,42 @@ def test_allow_list_and_public_addresses_pass():
     assert check_url("http://10.1.2.3/x", allow=["10.0.0.0/8"])
     with pytest.raises(UnsafeURL):
         check_url("http://10.1.2.3/x", allow=["192.168.0.0/16"])
+
+
+def test_the_request_goes_to_the_checked_address_with_the_urls_host():
+    target = check("https://93.184.216.34:8443/hook?x=1")
+    assert target.pinned() == ("https://93.184.216.34:8443/hook?x=1", {"Host": "93.184.216.34:8443"},
+                               {"sni_hostname": "93.184.216.34"})
+    v6 = webhooks.Target("http://hooks.example.test/a", webhooks.ipaddress.ip_address("2606:2800:220:1::1"))
+    assert v6.pinned() == ("http://[2606:2800:220:1::1]/a", {"Host": "hooks.example.test"}, {})
+
+
+def test_a_name_that_rebinds_after_the_check_is_still_called_at_the_checked_address(monkeypatch):
+    """DNS rebinding: the name answers an allowed address to the check, then another to any later
+    lookup. The attempt must reach the checked address (the receiver), with the URL's Host."""
+    lookups = []
+    real = webhooks.socket.getaddrinfo
+
+    def rebinding(host, port, *args, **kwargs):
+        lookups.append(host)
+        if host == "hooks.rebind.test":
+            address = "127.0.0.1" if len(lookups) == 1 else "127.0.0.2"
+            return real(address, port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(webhooks.socket, "getaddrinfo", rebinding)
+    receiver = Receiver()
+    port, delivery = receiver.server.server_port, "rebind-1"
+    receiver.attempts[delivery] = 1                       # answered 200 at once
+    try:
+        attempt = deliver(f"http://hooks.rebind.test:{port}/hooks/support", "whsec_x", "message.created", delivery,
+                          b'{"event": "message.created"}', allow=["127.0.0.1/32"], timeout_s=5.0)
+    finally:
+        receiver.server.shutdown()
+    assert attempt.ok, attempt
+    headers = next(h for h, _b, _p in receiver.received if h["X-Webhook-Delivery"] == delivery)
+    assert headers["Host"] == f"hooks.rebind.test:{port}"
+    assert lookups.count("hooks.rebind.test") == 1
 
 
 def test_signatures_verify_and_reject_tampering_and_replays():
