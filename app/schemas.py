@@ -161,6 +161,10 @@ class ContactIn(_In):
                      Errors("email: must be an email address")]
 
 
+class SeenIn(_In):
+    index: Annotated[int, Field(ge=0, le=1_000_000), Errors("index: the index of the last message shown, 0 or more")]
+
+
 class StatusOut(BaseModel):
     status: CONVERSATION_STATUS
 

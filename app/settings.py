@@ -50,6 +50,9 @@ class WebSettings(BaseSettings):
     smtp_username: str | None = None
     smtp_password: str | None = Field(None, repr=False)
     smtp_starttls: bool = False
+    # how long after an agent's reply its email waits: replies the customer sees in the widget in
+    # the meantime are not mailed, and a burst of replies goes out as one email
+    email_reply_delay_s: float = Field(120.0, ge=0, le=86400)
     # config files (resolved by `configs`: these override the shipped ones)
     kb_path: str | None = None
     kb_cache_dir: str | None = None
@@ -94,7 +97,7 @@ class WebSettings(BaseSettings):
             "RESOLUTION_WINDOW_H": self.resolution_window_h,
             "SMTP_HOST": self.smtp_host, "SMTP_PORT": self.smtp_port, "SMTP_FROM": self.smtp_from,
             "SMTP_USERNAME": self.smtp_username, "SMTP_PASSWORD": self.smtp_password,
-            "SMTP_STARTTLS": self.smtp_starttls,
+            "SMTP_STARTTLS": self.smtp_starttls, "EMAIL_REPLY_DELAY_S": self.email_reply_delay_s,
             "WEBHOOK_ALLOW_HOSTS": self.webhook_allow_hosts, "WEBHOOK_TIMEOUT_S": self.webhook_timeout_s,
             "WEBHOOK_MAX_ATTEMPTS": self.webhook_max_attempts, "WEBHOOK_RETRY_BASE_S": self.webhook_retry_base_s,
             "SECRET_KEY": self.secret_key, "AGENT_COOKIE_SECURE": self.agent_cookie_secure,

@@ -148,7 +148,8 @@ def send(cid: str):
     emit(agent.tenant_id, "message.created", {"conversation_id": cid, "message": message})
     if current_app.config["SMTP_HOST"] and _ext()["store"].contact(agent.tenant_id, cid):
         from app.jobs.tasks import email_agent_reply, start_or_queue
-        start_or_queue(email_agent_reply, agent.tenant_id, cid, message["index"])   # the email fallback
+        start_or_queue(email_agent_reply, agent.tenant_id, cid, message["index"],     # the email fallback
+                       delay_s=current_app.config["EMAIL_REPLY_DELAY_S"])
     return jsonify({"message": message}), 201
 
 

@@ -5,6 +5,7 @@ chat API in app/chat/routes.py):
                                                  (?site_key=... for EventSource; Last-Event-ID)
     POST /api/chat/sessions/<id>/handoff/cancel  back to the assistant while waiting
     POST /api/chat/sessions/<id>/contact         {"email"}: "reply to me by email"
+    POST /api/chat/sessions/<id>/seen            {"index"}: the widget showed the messages up to it
     POST /api/chat/sessions/<id>/csat            {"rating": 1..5, "comment"} once resolved
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from app import handoff_events
 from app.chat.routes import _IN_SESSION, _cors, _ext, _session, _tenant_and_origin
 from app.errors import PlainError, render, validate_body
 from app.live_events import conversation_channel, sse_response
-from app.schemas import CHAT_EVENTS, ContactIn, CsatIn, Error, Ok, SessionPath, StatusOut, error_responses
+from app.schemas import CHAT_EVENTS, ContactIn, CsatIn, Error, Ok, SeenIn, SessionPath, StatusOut, error_responses
 from app.webhook_events import emit
 from httpkit.openapi import documented
 
@@ -58,6 +59,18 @@ def contact(sid: str):
     _session(sid)
     body = validate_body(ContactIn, request.get_json(silent=True))
     _ext()["store"].set_contact(tid, sid, body.email.strip().lower())
+    return jsonify({"ok": True})
+
+
+@bp.post("/sessions/<sid>/seen")
+@documented(path=SessionPath, body=SeenIn, responses={200: Ok, **_IN_SESSION}, tags=("chat",))
+def seen(sid: str):
+    """The widget showed the customer the messages up to `index` (the panel open, the page
+    visible): agent replies seen here are not mailed by the email fallback."""
+    tid = g.tenant.tenant.tenant_id
+    _session(sid)
+    body = validate_body(SeenIn, request.get_json(silent=True))
+    _ext()["store"].mark_seen(tid, sid, body.index)
     return jsonify({"ok": True})
 
 

@@ -1,4 +1,4 @@
-"""The email fallback's messages: an agent's reply, mailed to the address the customer left when
+"""The email fallback's messages: an agent's replies, mailed to the address the customer left when
 nobody was there to answer live (docs/support-chat.md#human-handoff). Sent over SMTP by the
 `email_agent_reply` task; headers are built by the standard library's email package, which
 refuses a line break in any header, so an address can never add headers of its own."""
@@ -9,16 +9,19 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 
 
-def agent_reply_message(sender: str, to: str, tenant_name: str, reply: dict, asked: list[dict]) -> EmailMessage:
-    """`reply`: the agent's stored message; `asked`: the customer's question before it, if any."""
-    author = (reply.get("author") or {}).get("name") or "Our support team"
+def agent_reply_message(sender: str, to: str, tenant_name: str, replies: list[dict], asked: list[dict]) -> EmailMessage:
+    """`replies`: the agents' stored messages, oldest first (one email for a burst of replies);
+    `asked`: the customer's question before the first, if any."""
+    authors = list(dict.fromkeys((r.get("author") or {}).get("name") or "Our support team" for r in replies))
     msg = EmailMessage()
     msg["From"] = sender
     msg["To"] = to
     msg["Subject"] = f"Re: your question to {tenant_name}"
     msg["Date"] = formatdate(localtime=False)
     msg["Message-ID"] = make_msgid(domain=sender.rpartition("@")[2] or None)
-    lines = [f"{author} ({tenant_name} support) replied:", "", reply["content"], ""]
+    lines = [f"{' and '.join(authors)} ({tenant_name} support) replied:", ""]
+    for reply in replies:
+        lines += [reply["content"], ""]
     if asked:
         lines += ["You asked:", f"> {asked[-1]['content']}", ""]
     lines += ["Reply in the chat on our site to continue the conversation."]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import smtplib
 import threading
+import time
 
 from celery import Celery, Task, shared_task
 from flask import Flask, current_app, has_app_context
@@ -44,35 +45,37 @@ class BrokerUnavailable(RuntimeError):
 PUBLISH_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 
 
-def publish(task, args: tuple) -> None:
+def publish(task, args: tuple, delay_s: float = 0.0) -> None:
     """Send one task to the broker. The web tier never waits on a task's result (progress is in
     the job store), so it does not subscribe to one either: with the result backend's Redis down,
     that subscription alone retried for ~20 s inside the request."""
     try:
-        task.apply_async(args=args, retry=True, retry_policy=PUBLISH_RETRY, ignore_result=True)
+        task.apply_async(args=args, retry=True, retry_policy=PUBLISH_RETRY, ignore_result=True,
+                         countdown=delay_s or None)
     except Exception as exc:        # kombu OperationalError, redis ConnectionError, socket errors
         raise BrokerUnavailable(f"the job queue (Celery broker) is unavailable: {type(exc).__name__}") from exc
 
 
-def start(task, *args) -> None:
-    """Queue a task; in eager mode run it on a daemon thread instead of inside the request.
-    Raises BrokerUnavailable when the broker does not take it."""
+def start(task, *args, delay_s: float = 0.0) -> None:
+    """Queue a task, to run `delay_s` from now; in eager mode run it on a daemon thread instead
+    of inside the request. Raises BrokerUnavailable when the broker does not take it."""
     if current_app.extensions["celery"].conf.task_always_eager:
         app = current_app._get_current_object()
 
         def run() -> None:
+            time.sleep(delay_s)
             with app.app_context():
                 task.apply(args=args)
         threading.Thread(target=run, daemon=True, name=f"task-{task.name}").start()
     else:
-        publish(task, args)
+        publish(task, args, delay_s)
 
 
-def start_or_queue(task, *args) -> None:
+def start_or_queue(task, *args, delay_s: float = 0.0) -> None:
     """Queue a task, or, while the broker is down, keep it in this process's outbox
-    (app/jobs/outbox.py) until the broker takes it."""
+    (app/jobs/outbox.py) until the broker takes it (then it runs without the delay)."""
     try:
-        start(task, *args)
+        start(task, *args, delay_s=delay_s)
     except BrokerUnavailable:
         current_app.extensions["outbox"].put(task, args)
 
@@ -168,25 +171,31 @@ class MailUnavailable(Exception):
 @shared_task(bind=True, ignore_result=True, acks_late=True, autoretry_for=(MailUnavailable,), retry_backoff=5,
              retry_backoff_max=300, max_retries=5, name="app.tasks.email_agent_reply")
 def email_agent_reply(self, tenant_id: str, session_id: str, index: int) -> bool:
-    """Mail an agent's reply to the email address the customer left (the email fallback), over
-    SMTP_HOST; retried with backoff while the server refuses or is down. False when there is
-    nothing to send: no SMTP_HOST, no address, or no such agent message."""
+    """The email fallback: queued EMAIL_REPLY_DELAY_S after an agent's reply, it mails the agent
+    replies the customer has neither seen in the widget nor been mailed, in one email, to the
+    address they left, over SMTP_HOST; retried with backoff while the server refuses or is down.
+    A reply followed by another is left to the later reply's task, so a burst of replies makes
+    one email. False when there is nothing to send: no SMTP_HOST, no address, a later reply
+    pending, or every reply already seen or mailed."""
     from app.jobs.mail import agent_reply_message, send
     config = current_app.config
     ext = current_app.extensions["support_chat"]
     store = ext["store"]
-    to = store.contact(tenant_id, session_id)
-    messages = store.messages(tenant_id, session_id)
-    if not config["SMTP_HOST"] or not to or not (0 <= index < len(messages)) or messages[index]["role"] != "agent":
+    if not config["SMTP_HOST"]:
+        return False
+    to, replies, messages = store.unmailed_replies(tenant_id, session_id)
+    if not to or not replies or replies[-1][0] != index or any(m["role"] == "agent" for m in messages[index + 1:]):
         return False
     tenant = ext["tenants"].by_id(tenant_id)
+    first = replies[0][0]
     message = agent_reply_message(config["SMTP_FROM"], to, tenant.tenant.name if tenant else tenant_id,
-                                  messages[index], [m for m in messages[:index] if m["role"] == "user"][-1:])
+                                  [m for _i, m in replies], [m for m in messages[:first] if m["role"] == "user"][-1:])
     try:
         send(message, config["SMTP_HOST"], config["SMTP_PORT"], config["SMTP_USERNAME"], config["SMTP_PASSWORD"],
              config["SMTP_STARTTLS"])
     except (OSError, smtplib.SMTPException) as exc:
         raise MailUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    store.mark_emailed(tenant_id, session_id, index)
     return True
 
 

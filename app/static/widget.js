@@ -374,6 +374,8 @@
     joined: "",       // the agent last announced as having joined
     waiting: {},      // the last waiting info: queue_position, offer_email, offer_bot
     contactLeft: false,
+    agentShown: -1,   // the last agent message shown, and the last one reported seen (POST /seen):
+    seenSent: -1,     // the email fallback mails only replies the customer has not seen here
     agentTyping: null, typingTimer: null,
   };
 
@@ -506,7 +508,7 @@
     launcher.setAttribute("aria-expanded", String(isOpen));
     launcher.setAttribute("aria-label", t(isOpen ? "close" : "open"));
     setChildren(launcherIcon, icon(isOpen ? ICON_CLOSE : ICON_CHAT));
-    if (isOpen) { scrollToBottom(true); if (!state.busy) input.focus(); } else if (refocus) launcher.focus();
+    if (isOpen) { scrollToBottom(true); if (!state.busy) input.focus(); reportSeen(); } else if (refocus) launcher.focus();
   }
   const open = () => setOpen(true);
   const close = (refocus) => setOpen(false, refocus);
@@ -845,7 +847,7 @@
       const m = data(e);
       if (!m || typeof m.index !== "number" || state.seen[m.index]) return;
       state.seen[m.index] = true;
-      if (m.role === "agent") addAgentMessage(m);
+      if (m.role === "agent") { addAgentMessage(m); agentShown(m.index); }
       else if (m.role === "system" && m.content) addNotice(String(m.content));
     });
     es.addEventListener("typing", (e) => {
@@ -853,6 +855,22 @@
       if (d && d.typing) showAgentTyping(d.name); else dropAgentTyping();
     });
     es.addEventListener("status", (e) => { const d = data(e); if (d) applyStatus(d); });
+  }
+
+  function agentShown(index) {
+    state.agentShown = Math.max(state.agentShown, index);
+    reportSeen();
+  }
+
+  /** Tell the server the customer saw the agent's replies (the panel open, the page visible), so
+   * the email fallback does not mail what was read here. Best effort: a failure is retried later. */
+  function reportSeen() {
+    if (!state.sessionId || !state.open || document.visibilityState === "hidden") return;
+    if (state.agentShown <= state.seenSent) return;
+    const index = state.seenSent = state.agentShown;
+    api("POST", sessionPath("/seen"), { index: index }).catch(() => {
+      if (state.seenSent === index) state.seenSent = -1;
+    });
   }
 
   function closeEvents() {
@@ -871,7 +889,7 @@
       if (m && m.role === "agent") author = m.author || author;
       if (state.seen[index]) return;
       state.seen[index] = true;
-      if (m && m.role === "agent") addAgentMessage(m);
+      if (m && m.role === "agent") { addAgentMessage(m); agentShown(index); }
     });
     if (data.status && data.status !== state.status) {
       applyStatus({ status: data.status, assignee: data.assignee || author, queue_position: data.queue_position, waiting: data.waiting });
@@ -1003,7 +1021,7 @@
       const index = msgIndex(m, i);
       state.seen[index] = true;
       if (m.role === "user") { addUserMessage(String(m.content || "")); return; }
-      if (m.role === "agent") { author = m.author || author; addAgentMessage(m); return; }
+      if (m.role === "agent") { author = m.author || author; addAgentMessage(m); agentShown(index); return; }
       const view = addAssistantMessage(m.role);
       view.setText(String(m.content || ""));
       // a confirmation still open only if nothing came after it
@@ -1029,6 +1047,7 @@
     state.joined = "";
     state.waiting = {};
     state.contactLeft = false;
+    state.agentShown = state.seenSent = -1;
     waitBar.hidden = true;
     emailForm.hidden = true;
     emailStatus.textContent = "";
@@ -1041,6 +1060,7 @@
     document.body.appendChild(host);
     state.ready = restore().catch(() => {});
   }
+  document.addEventListener("visibilitychange", reportSeen);
   if (document.body) mount(); else document.addEventListener("DOMContentLoaded", mount);
 
   window.NorthwindChat = { open: open, close: () => close(false), toggle: toggle, reset: reset };

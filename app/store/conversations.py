@@ -186,6 +186,37 @@ class ConversationStore:
             return s.scalar(select(Conversation.contact_email).where(Conversation.id == sid,
                                                                      Conversation.tenant_id == tenant))
 
+    def mark_seen(self, tenant: str, sid: str, index: int) -> bool:
+        """The customer's widget showed messages up to `index` (it only moves forward, and never
+        past the last message)."""
+        with self.db.session() as s:
+            conv = s.scalar(select(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant))
+            if conv is None:
+                return False
+            seen = min(index, conv.num_messages - 1)
+            if seen > (conv.customer_seen if conv.customer_seen is not None else -1):
+                conv.customer_seen = seen
+            return True
+
+    def unmailed_replies(self, tenant: str, sid: str) -> tuple[str | None, list[tuple[int, dict]], list[dict]]:
+        """(the address left, the agent replies neither seen in the widget nor mailed yet as
+        (index, message), every message): what the email fallback has to send."""
+        with self.db.session(readonly=True) as s:
+            conv = s.scalar(select(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant))
+            if conv is None:
+                return None, [], []
+            after = max(conv.customer_seen if conv.customer_seen is not None else -1,
+                        conv.emailed_through if conv.emailed_through is not None else -1)
+            to = conv.contact_email
+        messages = self.messages(tenant, sid)
+        return to, [(i, m) for i, m in enumerate(messages) if i > after and m["role"] == "agent"], messages
+
+    def mark_emailed(self, tenant: str, sid: str, index: int) -> None:
+        with self.db.session() as s:
+            conv = s.scalar(select(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant))
+            if conv is not None and index > (conv.emailed_through if conv.emailed_through is not None else -1):
+                conv.emailed_through = index
+
     # ---- the agent's side: reads
 
     def list(self, tenant: str, status: str | None = None, limit: int = 50,

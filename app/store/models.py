@@ -91,6 +91,10 @@ class Conversation(Base):
     summary: Mapped[str] = mapped_column(Text, default="")                  # the handoff summary
     assignee_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id", ondelete="SET NULL"), nullable=True)
     contact_email: Mapped[str | None] = mapped_column(String(254), nullable=True)
+    # the email fallback: the last message the customer's widget showed them (POST .../seen) and
+    # the last agent reply mailed; replies after both are what the next email carries
+    customer_seen: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    emailed_through: Mapped[int | None] = mapped_column(Integer, nullable=True)
     num_messages: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

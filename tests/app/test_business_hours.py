@@ -79,15 +79,36 @@ KEY = {"X-Site-Key": "demo-site-key"}
 PASSWORD = "correct horse battery"
 
 
-def test_outside_hours_the_handoff_takes_an_email_and_the_reply_is_mailed(tiny_client, tmp_path, smtp):
-    controller, inbox = smtp
+def mail_app(tiny_client, tmp_path, controller, delay_s: float):
     (tmp_path / "tenants.yaml").write_text(TENANTS, encoding="utf-8")
     app = create_app({"TENANTS_PATH": str(tmp_path / "tenants.yaml"), "KB_CACHE_DIR": str(tmp_path / "kbcache"),
                       "CHAT_MAX_TOKENS": 16, "REDIS_URL": None, "FAQ_PATH": str(tmp_path / "faq"),
                       "DATABASE_URL": f"sqlite:///{tmp_path / 'conversations.db'}",
                       "SMTP_HOST": controller.hostname, "SMTP_PORT": controller.port,
-                      "SMTP_FROM": "help@northwind.test"}, client=tiny_client)
+                      "SMTP_FROM": "help@northwind.test", "EMAIL_REPLY_DELAY_S": delay_s}, client=tiny_client)
     AgentAccounts(app.extensions["db"]).add("demo", "dana@northwind.test", PASSWORD, name="Dana")
+    return app
+
+
+def agent(app):
+    dana = app.test_client()
+    dana.csrf = {"X-CSRF-Token": dana.post("/api/agent/login", json={"email": "dana@northwind.test",
+                                                                      "password": PASSWORD}).get_json()["csrf_token"]}
+    return dana
+
+
+def wait_for(inbox, count: int, to: str = "me@example.org", timeout_s: float = 20.0) -> list:
+    """The envelopes to `to`, once there are `count` of them (or at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while len(mailed := [e for e in inbox.envelopes if e.rcpt_tos == [to]]) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return mailed
+
+
+def test_outside_hours_the_handoff_takes_an_email_and_the_reply_is_mailed(tiny_client, tmp_path, smtp):
+    controller, inbox = smtp
+    inbox.envelopes.clear()
+    app = mail_app(tiny_client, tmp_path, controller, delay_s=0.0)
     customer = app.test_client()
     sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
     customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": "Can I change my address?"})
@@ -101,16 +122,13 @@ def test_outside_hours_the_handoff_takes_an_email_and_the_reply_is_mailed(tiny_c
     assert customer.post(f"/api/chat/sessions/{sid}/contact", headers=KEY,
                          json={"email": "Me@Example.org"}).status_code == 200
 
-    dana = app.test_client()
-    csrf = {"X-CSRF-Token": dana.post("/api/agent/login", json={"email": "dana@northwind.test",
-                                                                 "password": PASSWORD}).get_json()["csrf_token"]}
+    dana = agent(app)
+    csrf = dana.csrf
     dana.post(f"/api/agent/conversations/{sid}/claim", headers=csrf)
     sent = dana.post(f"/api/agent/conversations/{sid}/messages", headers=csrf,
                      json={"content": "Yes: change it in My Orders until the order ships."})
     assert sent.status_code == 201
-    deadline = time.monotonic() + 20
-    while not inbox.envelopes and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(inbox, 1)
     assert len(inbox.envelopes) == 1
     envelope = inbox.envelopes[0]
     assert envelope.rcpt_tos == ["me@example.org"] and envelope.mail_from == "help@northwind.test"
@@ -125,3 +143,38 @@ def test_outside_hours_the_handoff_takes_an_email_and_the_reply_is_mailed(tiny_c
         assert down.status_code == 201                            # the reply is stored and shown; mail retries
     finally:
         app.config["SMTP_PORT"] = controller_port
+
+
+def test_replies_seen_in_the_widget_are_not_mailed_and_a_burst_is_one_email(tiny_client, tmp_path, smtp):
+    """EMAIL_REPLY_DELAY_S after a reply: what the customer saw in the widget (POST .../seen) is not
+    mailed; three replies in a row go out as one email holding all three."""
+    controller, inbox = smtp
+    app = mail_app(tiny_client, tmp_path, controller, delay_s=0.5)
+    customer = app.test_client()
+    sid = customer.post("/api/chat/sessions", headers=KEY).get_json()["session_id"]
+    customer.post(f"/api/chat/sessions/{sid}/messages", headers=KEY, json={"content": "Where is my parcel?"})
+    customer.post(f"/api/chat/sessions/{sid}/handoff", headers=KEY)
+    assert customer.post(f"/api/chat/sessions/{sid}/contact", headers=KEY,
+                         json={"email": "burst@example.org"}).status_code == 200
+    for bad in ({"index": -1}, {"index": "three"}, {}, {"index": 1.5}):
+        resp = customer.post(f"/api/chat/sessions/{sid}/seen", headers=KEY, json=bad)
+        assert resp.status_code == 400 and "error" in resp.get_json(), bad
+    dana = agent(app)
+    dana.post(f"/api/agent/conversations/{sid}/claim", headers=dana.csrf)
+
+    read = dana.post(f"/api/agent/conversations/{sid}/messages", headers=dana.csrf,
+                     json={"content": "It left the depot this morning."}).get_json()["message"]
+    assert customer.post(f"/api/chat/sessions/{sid}/seen", headers=KEY,
+                         json={"index": read["index"]}).status_code == 200
+    time.sleep(1.5)                                   # past the delay: the seen reply is not mailed
+    assert wait_for(inbox, 0, "burst@example.org") == []
+
+    for text in ("Tracking code NW-4471.", "It should arrive tomorrow.", "Anything else?"):
+        dana.post(f"/api/agent/conversations/{sid}/messages", headers=dana.csrf, json={"content": text})
+    wait_for(inbox, 1, "burst@example.org")
+    time.sleep(1.0)                                   # no second email follows
+    mailed = wait_for(inbox, 1, "burst@example.org")
+    assert len(mailed) == 1
+    text = mailed[0].content.decode()
+    assert "NW-4471" in text and "arrive tomorrow" in text and "Anything else?" in text
+    assert "left the depot" not in text and "Where is my parcel?" in text

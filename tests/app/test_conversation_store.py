@@ -45,6 +45,25 @@ def test_messages_keep_their_order_fields_and_tenant(db):
     assert store.detail("other", sid) is None and len(store.messages("demo", sid)) == 2
 
 
+def test_the_email_fallback_sends_replies_neither_seen_nor_mailed(db):
+    store = ConversationStore(db)
+    sid = store.create("demo")
+    for role, text in [("user", "Where is my parcel?"), ("agent", "It left."), ("agent", "Code NW-1."),
+                       ("agent", "Tomorrow.")]:
+        store.append("demo", sid, {"role": role, "content": text})
+    assert store.unmailed_replies("demo", sid)[0] is None                 # no address left
+    store.set_contact("demo", sid, "me@example.org")
+    assert [i for i, _m in store.unmailed_replies("demo", sid)[1]] == [1, 2, 3]
+    assert store.mark_seen("demo", sid, 1) and not store.mark_seen("other", sid, 3)
+    store.mark_seen("demo", sid, 0)                                         # never moves back
+    assert [i for i, _m in store.unmailed_replies("demo", sid)[1]] == [2, 3]
+    store.mark_emailed("demo", sid, 2)
+    to, replies, messages = store.unmailed_replies("demo", sid)
+    assert to == "me@example.org" and [m["content"] for _i, m in replies] == ["Tomorrow."] and len(messages) == 4
+    store.mark_seen("demo", sid, 99)                                        # clamped to the last message
+    assert store.unmailed_replies("demo", sid)[1] == [] and store.unmailed_replies("other", sid) == (None, [], [])
+
+
 def test_concurrent_writers_get_distinct_consecutive_indexes(db):
     store = ConversationStore(db)
     sid = store.create("demo")
@@ -204,7 +223,7 @@ def test_migrations_upgrade_from_empty_then_downgrade(backend, tmp_path):
         db = Database(url)
         assert db.current() is None
         db.upgrade()
-        assert db.current() == "0006"
+        assert db.current() == "0007"
         assert {"agents", "agent_sessions", "conversations", "messages", "handoffs", "feedback",
                 "audit_events", "action_calls", "faq_drafts", "webhooks", "webhook_deliveries"} <= set(db.table_names())
         assert "experiments" in db.table_names()
