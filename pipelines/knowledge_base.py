@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PATH = shipped("kb")
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "kb"
 RRF_K = 60
+FAQ_PREFIX = "approved-faq/"       # a tenant's approved FAQ drafts: approved-faq/<tenant>.md
 MAX_CHUNK_WORDS = 220
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -79,6 +80,18 @@ class _Index:
     spans: list[Span]                   # the answer spans of all chunks
     span_vectors: np.ndarray | None     # [S, dim]
     span_ids: dict                      # chunk -> indices into spans
+    owners: np.ndarray                  # [C] the tenant a chunk belongs to ("" for the help centre's)
+    span_owners: np.ndarray             # [S]
+
+    def visible(self, owners: np.ndarray, tenant: str | None) -> np.ndarray:
+        """Which rows a tenant may retrieve: the help centre's, and its own approved FAQs."""
+        return (owners == "") | (owners == (tenant or ""))
+
+
+def article_owner(source: str) -> str:
+    """The tenant an article belongs to: an approved FAQ article is its tenant's only
+    (`approved-faq/<tenant>.md`); the help centre's articles are every tenant's ("")."""
+    return Path(source).stem if source.startswith(FAQ_PREFIX) else ""
 
 
 def chunk_article(text: str, source: str) -> list[Chunk]:
@@ -137,7 +150,7 @@ class KnowledgeBase:
         """(the article's name, its file), the help centre's first, then the FAQ folder's."""
         found = [(str(p.relative_to(self.path)), p) for p in sorted(self.path.rglob("*.md")) if p.is_file()]
         if self.faq_path is not None and self.faq_path.is_dir():
-            found += [(f"approved-faq/{p.relative_to(self.faq_path)}", p) for p in sorted(self.faq_path.rglob("*.md"))
+            found += [(f"{FAQ_PREFIX}{p.relative_to(self.faq_path)}", p) for p in sorted(self.faq_path.rglob("*.md"))
                       if p.is_file()]
         return found
 
@@ -182,7 +195,9 @@ class KnowledgeBase:
         for i, s in enumerate(spans):
             by_chunk.setdefault(s.chunk, []).append(i)
         # one swap: searches never mix versions
-        self._index = _Index(chunks, vecs, bm25, spans, span_vecs, by_chunk)
+        owners = np.array([article_owner(c.source) for c in chunks], dtype=object)
+        span_owners = np.array([article_owner(sp.chunk.source) for sp in spans], dtype=object)
+        self._index = _Index(chunks, vecs, bm25, spans, span_vecs, by_chunk, owners, span_owners)
         self.fingerprint = fingerprint
 
     @property
@@ -237,17 +252,21 @@ class KnowledgeBase:
             return True
 
     # ---- search --------------------------------------------------------------------------
-    def search_lexical(self, query: str, k: int = 3, min_matched: float = 0.5) -> list[Passage]:
+    def search_lexical(self, query: str, k: int = 3, min_matched: float = 0.5,
+                       tenant: str | None = None) -> list[Passage]:
         """BM25 alone, for when no embeddings can be had (the inference service is down): up to k
-        passages that contain at least `min_matched` of the query's distinct words, best first."""
+        passages that contain at least `min_matched` of the query's distinct words, best first.
+        Every search sees the help centre and `tenant`'s own approved FAQs, no other tenant's."""
         self.refresh()
-        chunks, bm25 = self._index.chunks, self._index.bm25
+        index = self._index
+        chunks, bm25 = index.chunks, index.bm25
         words = sorted(set(tokenize(query)))
         if not words:
             return []
         # the index holds words as written: let "refund" also match "refunds" and back
         forms = {w: {w, w + "s", w.removesuffix("s")} for w in words}
-        scores = bm25.get_scores(sorted(set().union(*forms.values())))
+        scores = np.where(index.visible(index.owners, tenant),
+                          bm25.get_scores(sorted(set().union(*forms.values()))), 0.0)
         out = []
         for i in np.argsort(-scores)[:k * 4]:
             if scores[i] <= 0:
@@ -257,7 +276,8 @@ class KnowledgeBase:
                 out.append(Passage(chunks[int(i)], round(float(scores[i]), 5), 0.0))
         return out[:k]
 
-    def search_spans(self, query_vec: np.ndarray, k: int = 5, min_similarity: float = 0.5) -> list[Passage]:
+    def search_spans(self, query_vec: np.ndarray, k: int = 5, min_similarity: float = 0.5,
+                     tenant: str | None = None) -> list[Passage]:
         """The chunks holding the k answer spans most similar to the query (a short question may
         match one sentence far better than the whole chunk it sits in), best first; the passage's
         similarity is its best span's."""
@@ -265,7 +285,7 @@ class KnowledgeBase:
         index = self._index
         if index.span_vectors is None:
             raise ValueError("knowledge base: a lexical-only index has no embeddings; use search_lexical")
-        sims = index.span_vectors @ query_vec
+        sims = np.where(index.visible(index.span_owners, tenant), index.span_vectors @ query_vec, -np.inf)
         out: dict[Chunk, float] = {}
         for i in np.argsort(-sims)[:k]:
             if sims[i] < min_similarity:
@@ -274,13 +294,16 @@ class KnowledgeBase:
             out.setdefault(chunk, round(float(sims[i]), 4))
         return [Passage(c, 0.0, sim) for c, sim in out.items()]
 
-    def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20) -> list[Passage]:
+    def search(self, query: str, query_vec: np.ndarray, k: int = 3, depth: int = 20,
+               tenant: str | None = None) -> list[Passage]:
         """Up to k passages, best first; [] when nothing clears the relevance gate."""
         self.refresh()
-        chunks, vectors, bm25 = self._index.chunks, self._index.vectors, self._index.bm25
+        index = self._index
+        chunks, vectors, bm25 = index.chunks, index.vectors, index.bm25
         if vectors is None:
             raise ValueError("knowledge base: a lexical-only index has no embeddings; use search_lexical")
-        sims = vectors @ query_vec                                                   # [C]
+        visible = index.visible(index.owners, tenant)
+        sims = np.where(visible, vectors @ query_vec, -np.inf)                      # [C]
         dense = np.argsort(-sims)[:depth]
         if sims[dense[0]] < self.min_similarity:
             return []
@@ -289,7 +312,7 @@ class KnowledgeBase:
             fused[int(i)] = 1.0 / (RRF_K + rank + 1)
         tokens = tokenize(query)
         if tokens:
-            lexical = bm25.get_scores(tokens)
+            lexical = np.where(visible, bm25.get_scores(tokens), 0.0)
             for rank, i in enumerate(np.argsort(-lexical)[:depth]):
                 if lexical[i] > 0:
                     fused[int(i)] = fused.get(int(i), 0.0) + 1.0 / (RRF_K + rank + 1)

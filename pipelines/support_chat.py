@@ -167,7 +167,7 @@ class SupportChat:
             except InferenceError:
                 pass
         if qvec is None:
-            yield from self._respond_lexical(clean_text)
+            yield from self._respond_lexical(clean_text, tenant.tenant_id)
             return
         intent = self.detector.classify(qvec, clean_text)
         # a yes or no to the bot's "Shall I ...?" is that answer, whatever the intent reads in it
@@ -189,11 +189,13 @@ class SupportChat:
             reply = canned("greeting", clean_text)
             yield from self._canned(reply, ChatReply(reply, intent.intent, intent.confidence))
             return
-        found = [] if intent.intent == "greeting" else self.kb.search(query, svec, self.top_k)
+        found = [] if intent.intent == "greeting" else self.kb.search(query, svec, self.top_k,
+                                                                       tenant=tenant.tenant_id)
         if intent.intent != "greeting" and mode != "free":
             # a sentence that matches the question well brings its chunk in, under the chunk gate too
             have = {p.chunk for p in found}
-            found += [p for p in self.kb.search_spans(svec, SPAN_K, SPAN_MIN) if p.chunk not in have]
+            found += [p for p in self.kb.search_spans(svec, SPAN_K, SPAN_MIN, tenant=tenant.tenant_id)
+                      if p.chunk not in have]
         if not found and intent.intent != "greeting":
             yield from self._handoff(clean_text, intent) if wants_human else self._nothing_found(clean_text, intent)
             return
@@ -356,7 +358,7 @@ class SupportChat:
         yield "done", ChatReply("".join(parts).strip(), intent.intent, intent.confidence, cites,
                                 grounding="free")
 
-    def _respond_lexical(self, text: str) -> Iterator[tuple[str, object]]:
+    def _respond_lexical(self, text: str, tenant_id: str) -> Iterator[tuple[str, object]]:
         """No embeddings (the inference service is down, or the pipeline was built while it was):
         keyword intent and BM25 retrieval; the reply quotes the best help-centre excerpt with its
         citation and offers a human, or hands off when that is what was asked."""
@@ -364,7 +366,7 @@ class SupportChat:
         if intent.intent == "human_agent":
             yield from self._handoff(text, intent)
             return
-        passages = self.kb.search_lexical(text, 1)
+        passages = self.kb.search_lexical(text, 1, tenant=tenant_id)
         if passages:
             yield from self._degraded(text, passages, intent, [])
             return

@@ -53,7 +53,15 @@ def test_drafts_merge_near_duplicates_and_publish_once_approved(db, tmp_path, em
     assert "## Can you engrave a name on a cutting board?" in article and "free of charge" in article
     kb = KnowledgeBase(embedder.embed, REPO_ROOT / "configs" / "kb", tmp_path / "cache", faq_path=tmp_path / "faq")
     question = "is engraving a cutting board possible?"
-    hits = kb.search(question, embedder.embed([question])[0], k=1)
+    vec = embedder.embed([question])[0]
+    hits = kb.search(question, vec, k=1, tenant="demo")
     assert hits and hits[0].chunk.source == "approved-faq/demo.md"
+    # another tenant's customers never get demo's approved answers, by any of the three searches
+    for tenant in ("other", None):
+        assert all(p.chunk.source.startswith("approved-faq/") is False
+                   for p in kb.search(question, vec, k=5, tenant=tenant) + kb.search_spans(vec, k=10, tenant=tenant)
+                   + kb.search_lexical("engrave cutting board", k=5, tenant=tenant))
+    assert kb.search_lexical("engrave cutting board", k=1, tenant="demo")[0].chunk.source == "approved-faq/demo.md"
+    assert kb.search_spans(vec, k=1, min_similarity=0.3, tenant="demo")[0].chunk.source == "approved-faq/demo.md"
     with pytest.raises(ValueError, match="cannot name an article"):
         drafts.article_path("../etc")
