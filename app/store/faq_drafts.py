@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from app.store.models import FaqDraft, utcnow
 from pipelines.faq_draft import faq_article
 
 DUPLICATE_COSINE = 0.85
+EMBED_CACHE_ENTRIES = 4096      # questions whose vectors are kept: a new draft embeds only itself
 _SAFE_TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -43,6 +46,27 @@ def _words(text: str) -> str:
 class FaqDrafts:
     def __init__(self, db: Database, folder: str | os.PathLike):
         self.db, self.folder = db, Path(folder)
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._vectors_lock = threading.Lock()
+
+    def _embedded(self, texts: list[str], embed) -> np.ndarray:
+        """[N, dim] vectors of `texts`, embedding only those not seen before (least recently used
+        dropped past EMBED_CACHE_ENTRIES)."""
+        with self._vectors_lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        if missing:
+            fresh = np.asarray(embed(missing), dtype=np.float32)
+            with self._vectors_lock:
+                self._vectors.update(zip(missing, fresh))
+        with self._vectors_lock:
+            for t in texts:
+                if t not in self._vectors:          # evicted meanwhile by another thread's add
+                    self._vectors[t] = np.asarray(embed([t]), dtype=np.float32)[0]
+                self._vectors.move_to_end(t)
+            out = np.stack([self._vectors[t] for t in texts])
+            while len(self._vectors) > EMBED_CACHE_ENTRIES:
+                self._vectors.popitem(last=False)
+        return out
 
     def add(self, tenant: str, conversation_id: str | None, question: str, answer: str,
             embed: Callable[[list[str]], np.ndarray] | None = None) -> dict:
@@ -63,13 +87,12 @@ class FaqDrafts:
             s.flush()
             return draft_view(draft)
 
-    @staticmethod
-    def _duplicate(question: str, others: list[str], embed) -> int | None:
+    def _duplicate(self, question: str, others: list[str], embed) -> int | None:
         if not others:
             return None
         if embed is not None:
             try:
-                vecs = np.asarray(embed([question, *others]), dtype=np.float32)
+                vecs = self._embedded([question, *others], embed)
                 cos = vecs[1:] @ vecs[0]
                 best = int(np.argmax(cos))
                 return best if cos[best] >= DUPLICATE_COSINE else None

@@ -19,6 +19,20 @@ def db(request, tmp_path):
         yield database
 
 
+def test_a_new_draft_embeds_only_its_own_question(db, tmp_path, embedder):
+    embedded: list[str] = []
+
+    def counting(texts):
+        embedded.extend(texts)
+        return embedder.embed(texts)
+    drafts = FaqDrafts(db, tmp_path / "faq")
+    questions = ["Do you ship to Norway?", "Can I pay with PayPal?", "Is the kettle dishwasher safe?",
+                 "Do you ship to norway"]
+    kept = [drafts.add("demo", None, q, "An answer.", embed=counting)["id"] for q in questions]
+    assert kept[3] == kept[0]                                   # still merged on the cached vectors
+    assert sorted(embedded) == sorted(questions)               # each question embedded once, not once per add
+
+
 def test_drafts_merge_near_duplicates_and_publish_once_approved(db, tmp_path, embedder):
     with db.session() as s:
         s.add(agent := Agent(tenant_id="demo", email="a@x.test", name="A", password_hash="scrypt:unused"))
