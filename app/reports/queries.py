@@ -21,10 +21,10 @@ import time
 from collections import defaultdict
 
 from prometheus_client.core import GaugeMetricFamily
-from sqlalchemy import and_, exists, select
+from sqlalchemy import Date, and_, case, cast, exists, func, select
 from sqlalchemy.orm import aliased
 
-from app.reports.resolution import OUTCOMES, Facts, outcome, resolution_rate
+from app.reports.resolution import OUTCOMES, outcome_sql, resolution_rate
 from app.store.db import Database
 from app.store.models import Conversation, Feedback, Handoff, Message, utcnow
 
@@ -33,6 +33,13 @@ DEFAULT_WINDOW = dt.timedelta(hours=24)
 
 def _ratio(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
+
+
+def _utc_date(db: Database, column):
+    """The UTC calendar date of a UTC timestamp column, computed by the database."""
+    if db.engine.dialect.name == "postgresql":
+        return cast(func.timezone("UTC", column), Date)
+    return func.date(column)                       # SQLite keeps UTC timestamps as naive text
 
 
 def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
@@ -50,11 +57,12 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
         thumbs_up = exists().where(Feedback.conversation_id == Conversation.id, Feedback.kind == "message",
                                    Feedback.rating == "up")
         last = aliased(Message)                       # the conversation's last message
-        convs = s.execute(
-            select(Conversation.created_at, handed, Conversation.status, agent_took_part, thumbs_up,
-                   Conversation.updated_at, last.role, last.grounding, last.action["status"].as_string())
+        day, result = _utc_date(db, Conversation.created_at), outcome_sql(now, window, agent_took_part, thumbs_up, last)
+        groups = s.execute(
+            select(day, result, func.count(), func.sum(case((handed, 1), else_=0)))
+            .select_from(Conversation)
             .outerjoin(last, and_(last.conversation_id == Conversation.id, last.seq == Conversation.num_messages - 1))
-            .where(*in_range)).all()
+            .where(*in_range).group_by(day, result)).all()
         replies_q = select(Handoff.requested_at, Handoff.first_reply_at).where(
             Handoff.tenant_id == tenant, Handoff.first_reply_at.is_not(None),
             Handoff.requested_at >= start, Handoff.requested_at < end)
@@ -67,20 +75,19 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
             Feedback.created_at >= start, Feedback.created_at < end, *scope)).all()
     daily: dict[dt.date, dict] = defaultdict(_empty_day)
     outcomes = dict.fromkeys(OUTCOMES, 0)
-    undecided = 0
-    num_handoffs = 0
-    for created, had_handoff, status, agent, thumbs, updated, role, grounding, action_status in convs:
-        day = daily[created.date()]
-        day["conversations"] += 1
-        day["handoffs"] += int(bool(had_handoff))
-        num_handoffs += int(bool(had_handoff))
-        result = outcome(Facts(status, bool(agent), bool(thumbs), updated, role, grounding, action_status), now,
-                         window)
-        if result is None:
-            undecided += 1
+    undecided = num_handoffs = num_convs = 0
+    for date, result, count, had_handoff in groups:
+        date = date if isinstance(date, dt.date) else dt.date.fromisoformat(date)
+        day = daily[date]
+        day["conversations"] += count
+        day["handoffs"] += int(had_handoff or 0)
+        num_handoffs += int(had_handoff or 0)
+        num_convs += count
+        if result == "undecided":
+            undecided += count
         else:
-            outcomes[result] += 1
-            day["outcomes"][result] += 1
+            outcomes[result] += count
+            day["outcomes"][result] += count
     for created, rating in ratings:
         daily[created.date()]["ratings"].append(int(rating))
     waits = [(first - asked).total_seconds() for asked, first in replies]
@@ -93,9 +100,9 @@ def report(db: Database, tenant: str, start: dt.datetime, end: dt.datetime,
                      "csat_average": round(statistics.fmean(d["ratings"]), 2) if d["ratings"] else None,
                      "resolution_rate": resolution_rate(d["outcomes"])})
         day += dt.timedelta(days=1)
-    return {"conversations": len(convs), "handoffs": num_handoffs,
-            "handoff_rate": _ratio(num_handoffs, len(convs)),
-            "bot_resolved_share": _ratio(len(convs) - num_handoffs, len(convs)),
+    return {"conversations": num_convs, "handoffs": num_handoffs,
+            "handoff_rate": _ratio(num_handoffs, num_convs),
+            "bot_resolved_share": _ratio(num_convs - num_handoffs, num_convs),
             "median_first_human_response_s": round(statistics.median(waits), 1) if waits else None,
             "csat_average": round(statistics.fmean(scores), 2) if scores else None,
             "csat_count": len(scores), "resolution_rate": resolution_rate(outcomes), "outcomes": outcomes,

@@ -19,40 +19,32 @@ claimed it leaves the conversation with the bot, judged as if it had none.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+
+from sqlalchemy import and_, case, func, literal, or_
+
+from app.store.models import Conversation
 
 OUTCOMES = ("bot_resolved", "handed_off", "human_resolved", "abandoned", "reopened")
 NOT_ANSWERED = frozenset({"unanswerable", "clarified"})           # the reply's grounding
 ASKING = frozenset({"needs_input", "needs_confirmation"})         # an action still waiting on the customer
 
 
-@dataclass(frozen=True)
-class Facts:
-    """What the outcome is read from, for one conversation."""
-    status: str                            # open | pending_human | human | resolved
-    agent_took_part: bool                  # an agent claimed one of its handoffs
-    thumbs_up: bool                        # the customer rated a reply up
-    last_activity_at: dt.datetime | None    # the conversation's last change (its last message)
-    last_role: str | None                  # who wrote the last message
-    last_grounding: str | None             # that message's grounding, if the bot's
-    last_action_status: str | None         # that message's action's status, if the bot's
-
-
-def outcome(f: Facts, now: dt.datetime, window: dt.timedelta) -> str | None:
-    """The conversation's outcome at `now`, or None while it is undecided."""
-    if f.status == "resolved":
-        return "human_resolved"
-    if f.status in ("pending_human", "human"):
-        return "handed_off"
-    if f.agent_took_part:
-        return "reopened"
-    if f.thumbs_up:
-        return "bot_resolved"
-    if f.last_activity_at is not None and now - f.last_activity_at < window:
-        return None
-    answered = (f.last_role == "assistant" and f.last_grounding not in NOT_ANSWERED
-                and f.last_action_status not in ASKING)
-    return "bot_resolved" if answered else "abandoned"
+def outcome_sql(now: dt.datetime, window: dt.timedelta, agent_took_part, thumbs_up, last):
+    """The conversation's outcome at `now` by the rules above, as one SQL CASE (the database
+    counts them; no conversation is shipped to Python): "undecided" while inside the window.
+    `agent_took_part` and `thumbs_up` are EXISTS clauses on the conversation; `last` is its last
+    message (outer-joined: a missing one reads as NULL, not the bot's)."""
+    action_status = last.action["status"].as_string()
+    answered = and_(last.role == "assistant", func.coalesce(last.grounding, "").not_in(sorted(NOT_ANSWERED)),
+                    or_(action_status.is_(None), action_status.not_in(sorted(ASKING))))
+    return case(
+        (Conversation.status == "resolved", literal("human_resolved")),
+        (Conversation.status.in_(("pending_human", "human")), literal("handed_off")),
+        (agent_took_part, literal("reopened")),
+        (thumbs_up, literal("bot_resolved")),
+        (Conversation.updated_at > now - window, literal("undecided")),
+        (answered, literal("bot_resolved")),
+        else_=literal("abandoned"))
 
 
 def resolution_rate(counts: dict[str, int]) -> float | None:
