@@ -96,6 +96,7 @@ class ChatServices:
                                   cache_dir=kb.cache_dir if embed is not None else None)
         runner = ActionRunner(self.call_log, self.config["ACTIONS_BASE_URL"]) if self.call_log is not None else None
         return SupportChat(self.client, detector, kb, self.banned, temperature=self.config["CHAT_TEMPERATURE"],
+                           grounded_temperature=self.config["GROUNDED_TEMPERATURE"],
                            max_tokens=self.config["CHAT_MAX_TOKENS"], prompt_budget=self.config["CHAT_PROMPT_BUDGET"],
                            action_runner=runner)
 

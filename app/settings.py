@@ -65,6 +65,7 @@ class WebSettings(BaseSettings):
     actions_base_url: str | None = None
     # support chat generation and admission
     chat_temperature: float = Field(0.7, ge=0)
+    grounded_temperature: float = Field(0.7, ge=0)          # the grounded_generation answer mode's
     chat_max_tokens: int = Field(512, gt=0)
     chat_prompt_budget: int = Field(1400, gt=0)             # prompt tokens
     chat_build_wait_s: float = Field(1.0, ge=0)             # first pipeline build before degrading
@@ -107,7 +108,8 @@ class WebSettings(BaseSettings):
             "BANNED_WORDS_PATH": self.banned_words_path, "TENANTS_PATH": self.tenants_path,
             "DEMO_ORDERS_PATH": self.demo_orders_path,
             "ACTIONS_BASE_URL": self.actions_base_url or f"http://127.0.0.1:{self.web_bind.rsplit(':', 1)[-1]}",
-            "CHAT_TEMPERATURE": self.chat_temperature, "CHAT_MAX_TOKENS": self.chat_max_tokens,
+            "CHAT_TEMPERATURE": self.chat_temperature,
+            "GROUNDED_TEMPERATURE": self.grounded_temperature, "CHAT_MAX_TOKENS": self.chat_max_tokens,
             "CHAT_PROMPT_BUDGET": self.chat_prompt_budget, "CHAT_BUILD_WAIT_S": self.chat_build_wait_s,
             "CHAT_REBUILD_MAX_S": self.chat_rebuild_max_s, "CHAT_MAX_TURNS": self.chat_max_turns,
             "SSE_MAX_STREAMS": self.sse_max_streams,

@@ -116,10 +116,13 @@ class SupportChat:
     def __init__(self, client: InferenceClient, detector: IntentDetector, kb: KnowledgeBase,
                  banned: BannedWordFilter, temperature: float = 0.7, max_tokens: int = 512,
                  prompt_budget: int = 1400, top_k: int = 5, glossary: Glossary | None = None,
-                 selector: AnswerSelector | None = None, action_runner: ActionRunner | None = None):
+                 selector: AnswerSelector | None = None, action_runner: ActionRunner | None = None,
+                 grounded_temperature: float | None = None):
         self.client, self.detector, self.kb, self.banned = client, detector, kb, banned
         self.temperature, self.max_tokens, self.prompt_budget, self.top_k = (
             temperature, max_tokens, prompt_budget, top_k)
+        # the grounded_generation mode's sampling: its sentences must pass the verifier
+        self.grounded_temperature = temperature if grounded_temperature is None else grounded_temperature
         self.glossary = glossary or Glossary()
         self.selector = selector or AnswerSelector(kb)
         self.actions = ChatActions(client, action_runner, self._translated) if action_runner is not None else None
@@ -253,9 +256,10 @@ class SupportChat:
         return LeakFilter([tenant.system_prompt, RULES, GROUNDED_RULES])
 
     def _stream(self, messages: list[dict], guard: StreamGuard, parts: list[str],
-                max_tokens: int | None = None) -> Iterator[tuple[str, object]]:
+                max_tokens: int | None = None, temperature: float | None = None) -> Iterator[tuple[str, object]]:
         context = self.client.max_model_len()
-        for piece in self.client.chat_stream(messages, temperature=self.temperature,
+        temperature = self.temperature if temperature is None else temperature
+        for piece in self.client.chat_stream(messages, temperature=temperature,
                                              max_tokens=min(max_tokens or self.max_tokens, context // 2)):
             out = guard.feed(piece)
             if out:
@@ -309,7 +313,7 @@ class SupportChat:
         messages = grounded_messages(tenant.system_prompt, selection, history, clean_text)
         try:
             yield from self._stream(messages, guard, parts, min(tenant.max_tokens or GROUNDED_MAX_TOKENS,
-                                                                GROUNDED_MAX_TOKENS))
+                                                                GROUNDED_MAX_TOKENS), self.grounded_temperature)
         except InferenceError as exc:
             log.warning("generation failed (%s); answering from the help centre", exc)
             yield from self._degraded(clean_text, [Passage(s.chunk, 0.0, 0.0) for s in selection.spans],
