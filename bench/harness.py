@@ -208,6 +208,25 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     raise RuntimeError(f"{url} not ready within {timeout:.0f} s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads, so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, quiet_s: float = 2.0, max_busy: float = 0.05, timeout: float = 300) -> float:
+    """Wait until process `pid` keeps under `max_busy` of one core for `quiet_s` (its start-up
+    work done: a server can answer /ready while it still builds indexes or warms caches, which a
+    measurement taken then would share the cores with); returns the seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        before = cpu_seconds(pid)
+        time.sleep(quiet_s)
+        if cpu_seconds(pid) - before < max_busy * quiet_s:
+            break
+    return time.monotonic() - start
+
+
 def stop_process(proc: subprocess.Popen | None, timeout: float = 30) -> None:
     """SIGTERM, then SIGKILL if it is still running after `timeout` s; reaped either way."""
     if proc is None or proc.poll() is not None:

@@ -44,6 +44,7 @@ from bench.harness import (
     nearest_rank,
     result_path,
     stop_process,
+    wait_idle,
     wait_ready,
     write_result,
 )
@@ -152,6 +153,8 @@ def process(cmd: list[str], env: dict, url: str, ready_path: str):
     PIDS[url] = proc.pid
     try:
         wait_ready(f"{url}{ready_path}", proc)
+        waited = wait_idle(proc.pid)
+        print(f"{cmd[2] if len(cmd) > 2 else cmd[0]}: ready, idle {waited:.0f} s later", flush=True)
         yield url
     finally:
         stop_process(proc, 20)
@@ -189,9 +192,11 @@ def ide_latency(model: str, policy: str, lines_per_file: int) -> dict:
         s = requests.Session()
         s.post(f"{url}/v1/completions", json={"prompt": "def f(x):\n    return", "max_tokens": 4},
                headers={"Authorization": "Bearer demo-api-key"}, timeout=120)          # warm-up
+        wait_idle(PIDS[url])
         # batch-1 decode through the web app's own OpenAI mount: the same engine, in the web process
         client = openai.OpenAI(base_url=f"{url}/inference/v1", api_key="none", max_retries=0, timeout=300)
         windows = iter(_text_windows(_tokenizer(model), 64, 8))
+        _stream(client, model, next(windows)[:64], 16)              # the same warm-up as measure_server's
         web_decode = []
         for _ in range(3):
             _, arrivals, n = _stream(client, model, next(windows)[:32], 128)

@@ -6,6 +6,7 @@ output does not depend on what else is in the batch.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -74,11 +75,25 @@ def _sample_unconstrained(logits: torch.Tensor, rows: list[SamplingRow], default
     return PendingSample(token_ids, raw_logprobs, rows)
 
 
-def _checks_first(row: SamplingRow) -> bool:
+# How a structured-output row meets its grammar: "check_first" samples without the mask and fills
+# the mask only when the grammar rejects the token (a trained model's choice mostly passes);
+# "mask_first" fills every row's mask before sampling, on the host while the device runs the
+# forward. INFERENCE_GRAMMAR_ORDER picks one for a benchmark; auto is check_first.
+GRAMMAR_ORDERS = ("auto", "check_first", "mask_first")
+
+
+def grammar_order() -> str:
+    order = os.environ.get("INFERENCE_GRAMMAR_ORDER", "auto")
+    if order not in GRAMMAR_ORDERS:
+        raise ValueError(f"INFERENCE_GRAMMAR_ORDER={order!r}: one of {', '.join(GRAMMAR_ORDERS)}")
+    return "check_first" if order == "auto" else order
+
+
+def _checks_first(row: SamplingRow, order: str) -> bool:
     """The token chosen without the grammar's mask is the masked choice whenever the grammar
     allows it: greedy, or a sample from the whole (tempered) distribution."""
     p = row.params
-    return p.is_greedy or (p.top_k <= 0 and p.top_p >= 1.0 and p.min_p == 0.0)
+    return order == "check_first" and (p.is_greedy or (p.top_k <= 0 and p.top_p >= 1.0 and p.min_p == 0.0))
 
 
 def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_generator) -> PendingSample:
@@ -86,7 +101,8 @@ def _sample_constrained(logits: torch.Tensor, rows: list[SamplingRow], default_g
     here). Rows that can check first sample without the mask and keep the token if their grammar
     accepts it; the rest, and the rejected ones, are masked (inference/structured) and sampled."""
     from inference.structured import apply_masks
-    first = [i for i, r in enumerate(rows) if r.grammar is not None and _checks_first(r)]
+    order = grammar_order()
+    first = [i for i, r in enumerate(rows) if r.grammar is not None and _checks_first(r, order)]
     # the rows as they are now, for a retry: sampling changes fp32 logits in place (a bf16 batch is
     # copied to fp32 first, and greedy reads it only), so only then is a copy needed up front
     saved = logits.clone() if first and logits.dtype == torch.float32 else logits

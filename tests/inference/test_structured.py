@@ -96,3 +96,27 @@ def test_json_strings_with_length_bounds_refuse_raw_control_characters(llm_fp32)
     for bad in ('{"sku": "AB\t12", "note": "x"}', '{"sku": "AB", "note": "x\ty"}', '{"sku": "AB\x01", "note": "x"}',
                 '{"sku": "ABCDEFGHIJK", "note": "x"}'):
         assert not accepts(bad), bad
+
+
+@pytest.mark.slow
+def test_check_first_and_mask_first_choose_the_same_greedy_tokens(llm_fp32, monkeypatch):
+    """The two orders (INFERENCE_GRAMMAR_ORDER) differ in cost, not in what greedy decoding picks:
+    the unmasked argmax is kept only when the grammar allows it, which is the masked argmax."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    params = SamplingParams(max_tokens=48, temperature=0, structured_outputs=StructuredOutputsParams(json=schema))
+    prompts = ["A person:", "Customer record:", "JSON for Ada Lovelace:"]
+    texts = {}
+    for order in ("check_first", "mask_first"):
+        monkeypatch.setenv("INFERENCE_GRAMMAR_ORDER", order)
+        texts[order] = [o.outputs[0].text for o in llm_fp32.generate(prompts, params, use_tqdm=False)]
+        assert all(set(json.loads(t)) == {"name", "age"} for t in texts[order]), texts[order]
+    assert texts["check_first"] == texts["mask_first"]
+    assert_all_blocks_free(llm_fp32)
+
+
+def test_an_unknown_grammar_order_names_the_choices(monkeypatch):
+    from inference.worker.sampler import grammar_order
+    monkeypatch.setenv("INFERENCE_GRAMMAR_ORDER", "sideways")
+    with pytest.raises(ValueError, match="one of auto, check_first, mask_first"):
+        grammar_order()
