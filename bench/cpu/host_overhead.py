@@ -1,13 +1,17 @@
-"""Host work per generated token on the CUDA runner's code path, with the model stubbed out.
+"""Host work per engine step on the CUDA runner's code path, with the model stubbed out.
 
-The GPU benchmark showed host work as ~40% of an offline 128/128 run (journal run 5); this
-measures that work on any machine: the real engine (scheduler, block manager, output processing
-with the overlap on) and the real CudaModelRunner host path (staging, metadata, sampling rows,
-device-side sampling on CPU tensors), with a model whose forward returns random hidden states.
-1000 requests of 128 prompt / 128 output tokens, max_num_seqs 512, as in the GPU run. No peer: a
-regression tracker.
+The GPU benchmark showed host work as ~40% of an offline 128/128 run (journal run 5), and at 1024
+running sequences as 35-60% of the 8B's wall time (issue 32); this measures that work on any
+machine: the real engine (scheduler, block manager, output processing with the overlap on) and the
+real CudaModelRunner host path (staging, metadata, sampling rows, device-side sampling on CPU
+tensors), with a model whose forward returns random hidden states (vocabulary 512).
 
-    .venv/bin/python -m bench.cpu.host_overhead [--reps 3]
+Per --seqs (max_num_seqs; as many requests, 128 prompt / 128 output tokens, all admitted at
+once): the run's wall time over its engine steps, and the decode steps' median time divided by
+the sequences they ran: microseconds of host work per step per running sequence, the figure that
+must stay flat as the batch grows. No peer: a regression tracker (the GPU runs are the peers).
+
+    .venv/bin/python -m bench.cpu.host_overhead [--seqs 256 512 1024] [--reps 3]
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")     # the runner imports the kern
 
 import torch  # noqa: E402
 
-from bench.harness import result_path, write_result  # noqa: E402
+from bench.harness import cpu_model, git_commit, result_path, write_result  # noqa: E402
 from inference.config import EngineConfig  # noqa: E402
 from inference.llm import LLM  # noqa: E402
 from inference.sampling_params import SamplingParams  # noqa: E402
@@ -50,31 +54,56 @@ def stub_runner(loaded, cfg):
     return runner
 
 
+def run(num_seqs: int, reps: int) -> dict:
+    config = EngineConfig.load(model="random:tiny", dtype="float32", max_model_len=512, max_num_seqs=num_seqs,
+                               max_num_batched_tokens=8192, kv_cache_memory_bytes=512 << 20)
+    with patch("inference.core.engine.build_runner", stub_runner):
+        llm = LLM.from_config(config)
+    engine = llm.engine
+    engine.async_scheduling = True                        # as on CUDA
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 500) for _ in range(128)]} for _ in range(num_seqs)]
+    params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+    llm.generate(prompts[:16], params, use_tqdm=False)    # warm-up
+    step = engine.step
+    steps: list[tuple[float, int]] = []                   # (seconds, sequences running when it began)
+
+    def timed_step():
+        running = len(engine.scheduler.running)
+        t0 = time.perf_counter()
+        out = step()
+        steps.append((time.perf_counter() - t0, running))
+        return out
+    engine.step = timed_step
+    per_token, per_seq_step = [], []
+    for _ in range(reps):
+        steps.clear()
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        per_token.append((time.perf_counter() - t0) / (num_seqs * 128) * 1e6)
+        # decode steps with (nearly) every sequence running: the steady state of the batch
+        full = [t / n * 1e6 for t, n in steps if n >= 0.9 * num_seqs]
+        per_seq_step.append(statistics.median(full) if full else float("nan"))
+    engine.step = step
+    return {"seqs": num_seqs, "host_us_per_token": per_token, "median_us_per_token": statistics.median(per_token),
+            "us_per_step_per_seq": per_seq_step, "median_us_per_step_per_seq": statistics.median(per_seq_step),
+            "step_ms_at_full_batch": statistics.median(per_seq_step) * num_seqs / 1e3, "steps": len(steps)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=[256, 512, 1024])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=result_path("host_overhead.json"))
     args = ap.parse_args()
-    config = EngineConfig.load(model="random:tiny", dtype="float32", max_model_len=512, max_num_seqs=512,
-                               max_num_batched_tokens=8192, kv_cache_memory_bytes=256 << 20)
-    with patch("inference.core.engine.build_runner", stub_runner):
-        llm = LLM.from_config(config)
-    llm.engine.async_scheduling = True                    # as on CUDA
-    rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(3, 500) for _ in range(128)]} for _ in range(1000)]
-    params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
-    llm.generate(prompts[:16], params, use_tqdm=False)    # warm-up
-    per_token = []
-    for _ in range(args.reps):
-        t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        per_token.append((time.perf_counter() - t0) / (1000 * 128) * 1e6)
-    result = {"host_us_per_token": per_token, "median": statistics.median(per_token),
-              "per_512_row_step_ms": statistics.median(per_token) * 512 / 1e3}
-    print("| host us/token (median) | reps | per 512-row decode step |")
-    print(f"| {result['median']:.1f} | {', '.join(f'{x:.1f}' for x in per_token)} | "
-          f"{result['per_512_row_step_ms']:.1f} ms |")
-    write_result(args.out, result)
+    rows = [run(n, args.reps) for n in args.seqs]
+    print("| running seqs | host us/token (median) | us per step per seq (median) | full-batch step ms | steps |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['seqs']} | {r['median_us_per_token']:.1f} | {r['median_us_per_step_per_seq']:.2f} "
+              f"({', '.join(f'{x:.2f}' for x in r['us_per_step_per_seq'])}) | {r['step_ms_at_full_batch']:.1f} "
+              f"| {r['steps']} |")
+    write_result(args.out, {"bench": "host_overhead", "commit": git_commit(), "cpu": cpu_model(), "rows": rows})
 
 
 if __name__ == "__main__":
