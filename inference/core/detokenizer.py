@@ -1,10 +1,13 @@
 """Incremental detokenisation with stop strings.
 
-Text is produced by decoding a sliding window of tokens (prefix_offset..end) and taking what
-the window adds beyond its first part (prefix_offset..read_offset), so byte-level BPE merges
-and multi-byte characters come out right; while the newest tokens end in an incomplete UTF-8
-character ("\ufffd") nothing new is released. Text that could still become the start of a stop
-string is held back until it cannot, so a stream never shows a partial stop string.
+A Hugging Face tokenizer decodes through its Rust DecodeStream (one call a token), primed with
+the prompt's last tokens. Otherwise text is produced by decoding a sliding window of tokens
+(prefix_offset..end) and taking what the window adds beyond its first part
+(prefix_offset..read_offset), so byte-level BPE merges and multi-byte characters come out right;
+while the newest tokens end in an incomplete UTF-8 character ("\ufffd") nothing new is released.
+
+Text that could still become the start of a stop string is held back until it cannot, so a
+stream never shows a partial stop string.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ class IncrementalDetokenizer:
         self.max_stop_len = max((len(s) for s in self.stops), default=0)
         # The prompt's last tokens give the first output token its context (leading spaces).
         self.token_ids: list[int] = list(prompt_token_ids[-_CONTEXT:]) if prompt_token_ids else []
+        stream = getattr(tokenizer, "decode_stream", None)
+        self._stream = stream(self.token_ids, self.skip_special) if stream is not None else None
         self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
         self.num_output_tokens = 0
@@ -76,6 +81,11 @@ class IncrementalDetokenizer:
         return best
 
     def _decode_step(self) -> None:
+        if self._stream is not None:
+            piece = self._stream.step(self.token_ids[-1])
+            if piece:
+                self.text += piece
+            return
         ids = self.token_ids
         prefix = self.tokenizer.decode(ids[self.prefix_offset:self.read_offset], self.skip_special)
         full = self.tokenizer.decode(ids[self.prefix_offset:], self.skip_special)

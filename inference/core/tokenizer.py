@@ -13,8 +13,13 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+    def decode_stream(self, context: list[int], skip_special_tokens: bool = True) -> DecodeStep | None: ...
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> list[int]: ...
+
+
+class DecodeStep(Protocol):
+    def step(self, token_id: int) -> str | None: ...
 
 
 # Special tokens that end a generation wherever a vocabulary has them (llama.cpp's end-of-generation
@@ -59,6 +64,15 @@ class HFTokenizer:
         with self._lock:
             return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_stream(self, context: list[int], skip_special_tokens: bool = True) -> HFDecodeStep | None:
+        """An incremental decoder for one sequence (the Rust tokenizer's DecodeStream: one call a
+        token, ~2 us, against two transformers decodes of a window, ~16 us, on a 2-vCPU Xeon),
+        primed with `context`, the prompt's last tokens; None where its text could differ from
+        decode's (a tokenizer whose decode cleans up spaces before punctuation)."""
+        if getattr(self.hf, "clean_up_tokenization_spaces", False) or getattr(self.hf, "_tokenizer", None) is None:
+            return None
+        return HFDecodeStep(self, context, skip_special_tokens)
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The model's own template (Qwen2.5's renders `tools`, OpenAI-shaped function definitions);
@@ -71,6 +85,20 @@ class HFTokenizer:
             text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                                tools=tools)
             return self.hf.encode(text, add_special_tokens=False)
+
+
+class HFDecodeStep:
+    """One sequence's incremental decoder: `step(token)` is the text that token completes, or None
+    while it ends inside a multi-byte character."""
+
+    def __init__(self, tokenizer: HFTokenizer, context: list[int], skip_special_tokens: bool):
+        from tokenizers.decoders import DecodeStream
+        self._rust, self._lock = tokenizer.hf._tokenizer, tokenizer._lock
+        self._stream = DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+
+    def step(self, token_id: int) -> str | None:
+        with self._lock:
+            return self._stream.step(self._rust, token_id)
 
 
 class ByteTokenizer:
@@ -90,6 +118,9 @@ class ByteTokenizer:
         data = bytes((t - self.NUM_SPECIAL) % 256 for t in token_ids
                      if not (skip_special_tokens and t < self.NUM_SPECIAL))
         return data.decode("utf-8", errors="replace")
+
+    def decode_stream(self, context: list[int], skip_special_tokens: bool = True) -> None:
+        return None                               # decoding a byte window is already cheap
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> list[int]:
