@@ -184,7 +184,7 @@ def email_agent_reply(self, tenant_id: str, session_id: str, index: int) -> bool
     if not config["SMTP_HOST"]:
         return False
     to, replies, messages = store.unmailed_replies(tenant_id, session_id)
-    if not to or not replies or replies[-1][0] != index or any(m["role"] == "agent" for m in messages[index + 1:]):
+    if not to or not replies or replies[-1][0] != index:        # nothing new, or a later reply's task sends it
         return False
     tenant = ext["tenants"].by_id(tenant_id)
     first = replies[0][0]

@@ -190,32 +190,28 @@ class ConversationStore:
         """The customer's widget showed messages up to `index` (it only moves forward, and never
         past the last message)."""
         with self.db.session() as s:
-            conv = s.scalar(select(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant))
+            conv = self._get(s, tenant, sid)
             if conv is None:
                 return False
-            seen = min(index, conv.num_messages - 1)
-            if seen > (conv.customer_seen if conv.customer_seen is not None else -1):
-                conv.customer_seen = seen
+            conv.customer_seen = max(_index(conv.customer_seen), min(index, conv.num_messages - 1))
             return True
 
     def unmailed_replies(self, tenant: str, sid: str) -> tuple[str | None, list[tuple[int, dict]], list[dict]]:
         """(the address left, the agent replies neither seen in the widget nor mailed yet as
         (index, message), every message): what the email fallback has to send."""
         with self.db.session(readonly=True) as s:
-            conv = s.scalar(select(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant))
+            conv = self._get(s, tenant, sid)
             if conv is None:
                 return None, [], []
-            after = max(conv.customer_seen if conv.customer_seen is not None else -1,
-                        conv.emailed_through if conv.emailed_through is not None else -1)
-            to = conv.contact_email
+            after, to = max(_index(conv.customer_seen), _index(conv.emailed_through)), conv.contact_email
         messages = self.messages(tenant, sid)
         return to, [(i, m) for i, m in enumerate(messages) if i > after and m["role"] == "agent"], messages
 
     def mark_emailed(self, tenant: str, sid: str, index: int) -> None:
         with self.db.session() as s:
-            conv = s.scalar(select(Conversation).where(Conversation.id == sid, Conversation.tenant_id == tenant))
-            if conv is not None and index > (conv.emailed_through if conv.emailed_through is not None else -1):
-                conv.emailed_through = index
+            conv = self._get(s, tenant, sid)
+            if conv is not None:
+                conv.emailed_through = max(_index(conv.emailed_through), index)
 
     # ---- the agent's side: reads
 
@@ -320,3 +316,8 @@ class ConversationStore:
                     s.execute(delete(table).where(table.conversation_id.in_(chunk)))
                 s.execute(delete(Conversation).where(Conversation.id.in_(chunk)))
             return len(ids)
+
+
+def _index(index: int | None) -> int:
+    """A message index kept in a nullable column: -1 for none yet."""
+    return -1 if index is None else index

@@ -54,14 +54,9 @@ class FaqDrafts:
         dropped past EMBED_CACHE_ENTRIES)."""
         with self._vectors_lock:
             missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
-        if missing:
-            fresh = np.asarray(embed(missing), dtype=np.float32)
-            with self._vectors_lock:
-                self._vectors.update(zip(missing, fresh))
-        with self._vectors_lock:
+            if missing:
+                self._vectors.update(zip(missing, np.asarray(embed(missing), dtype=np.float32)))
             for t in texts:
-                if t not in self._vectors:          # evicted meanwhile by another thread's add
-                    self._vectors[t] = np.asarray(embed([t]), dtype=np.float32)[0]
                 self._vectors.move_to_end(t)
             out = np.stack([self._vectors[t] for t in texts])
             while len(self._vectors) > EMBED_CACHE_ENTRIES:
