@@ -8,6 +8,9 @@ A sentence passes when
   - each number stays with its fact: the words around it in the sentence do not fit another
     number of the passages clearly better ("a full charge takes 6 hours" fails against "a full
     charge takes 2 hours and gives ... 6 hours on Pulse");
+  - each number keeps its subject: what the sentence says besides the number and its unit shares
+    a word with a passage sentence that states the number (a list item with its lead), so "the
+    warranty is 3-5 business days" fails against "we review claims within 3-5 business days";
   - every placeholder in it ("[EMAIL]") is in a cited passage;
   - every name in it (a capitalised word past the sentence's start: a brand, a plan, a carrier)
     appears in a cited passage or the tenant's name;
@@ -39,6 +42,9 @@ _NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 _NAME = re.compile(r"\b[A-Z][a-zA-Z]+(?:\s+[A-Z][a-zA-Z]+)*")
 _SMALL_TALK = frozenset("i you we our your hi hello thanks thank please sorry happy help glad welcome sure "
                         "yes no ok okay great".split())
+# words that tell nothing about what a number is of ("it takes about 3 days")
+_GENERIC = frozenset("take takes taking took get gets getting usually normally typically about around up "
+                     "within just only also it's there's there usual".split())
 _NUMBER_WORDS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
 _NEGATION = re.compile(r"\b(?:not|never|no|cannot|none|nothing|neither|nor)\b|n[’']t\b", re.IGNORECASE)
 _CURRENCY = "$€£¥"
@@ -53,6 +59,7 @@ _YES_NO = re.compile(r"\s*(?:yes|no)\b", re.IGNORECASE)
 # where a number's surroundings end: the sentence, another number, and in a reply also a comma
 _SOURCE_CUT = re.compile(r"[.!?](?:\s|$)|\n|\d")
 _REPLY_CUT = re.compile(r"[.!?,;](?:\s|$)|\n|\d")
+_LIST_ITEM = re.compile(r"\s*(?:[-*•]|\d+[.)])\s")
 _NEAR_WORDS = 8
 _CLEARLY_BETTER = 2           # words more in common with another number's surroundings than its own
 
@@ -78,6 +85,7 @@ class SentenceVerifier:
         for m in _NUMBER.finditer(joined):
             self.numbers.setdefault(_canon(m.group(0)), []).append(_context(joined, m))
             self.near.setdefault(_canon(m.group(0)), []).append(_near(joined, m, _SOURCE_CUT))
+        self.subjects = _number_subjects(sources)
         self.counts = set(self.numbers) | {_COUNT_WORDS[w.lower()] for w in _COUNT.findall(joined)}
         self.spans = span_texts or [t for src in sources for line in src.splitlines() for t in split_sentences(line)]
         self._span_stems: list[set[str]] | None = None     # the word path's, built on first use
@@ -111,6 +119,8 @@ class SentenceVerifier:
                 return Verdict(False, f"number {m.group(0)} in another context")
             if self._fits_another_number(n, _near(s, m, _REPLY_CUT)):
                 return Verdict(False, f"number {m.group(0)} of another fact")
+            if not has_cjk(s) and not self._keeps_subject(n, s):
+                return Verdict(False, f"number {m.group(0)} without its subject")
         for name in names_in(s):
             if name.lower() not in self.names_text:
                 return Verdict(False, f"name {name}")
@@ -139,6 +149,15 @@ class SentenceVerifier:
             return Verdict(False, "polarity")
         return Verdict(True)
 
+    def _keeps_subject(self, n: str, sentence: str) -> bool:
+        """What the sentence says besides its numbers, their units and generic words shares a word
+        with a passage sentence stating `n`; a sentence that says nothing else ("It takes 3-5
+        business days.") keeps it."""
+        units = {w for m in _NUMBER.finditer(sentence) for w in _context(sentence, m)[1]}
+        said = {stem(w) for w in tokenize(sentence)
+                if w not in _SMALL_TALK and w not in _GENERIC and not w.isdigit()} - units
+        return not said or any(said & words for words in self.subjects.get(n, ()))
+
     def _fits_another_number(self, n: str, near: set[str]) -> bool:
         """The sentence's words around `n` share clearly more with where another number of the
         passages stands than with anywhere `n` stands."""
@@ -154,6 +173,24 @@ def _near(text: str, m: re.Match, cut: re.Pattern) -> set[str]:
     right = cut.split(text[m.end():])[0]
     words = tokenize(left)[-_NEAR_WORDS:] + tokenize(right)[:_NEAR_WORDS]
     return {stem(w) for w in words if w not in _SMALL_TALK}
+
+
+def _number_subjects(sources: list[str]) -> dict[str, list[set[str]]]:
+    """For each number of the passages, the word stems of each sentence stating it; a list item's
+    sentence comes with its list's lead ("Refunds reach your card within:")."""
+    out: dict[str, list[set[str]]] = {}
+    for src in sources:
+        lead = ""
+        for line in src.splitlines():
+            item = _LIST_ITEM.match(line)
+            for sentence in split_sentences(line):
+                text = f"{lead} {sentence}" if item else sentence
+                words = {stem(w) for w in tokenize(text) if not w.isdigit()}
+                for m in _NUMBER.finditer(sentence):
+                    out.setdefault(_canon(m.group(0)), []).append(words)
+            if line.strip() and not item:
+                lead = (split_sentences(line) or [""])[-1]
+    return out
 
 
 def names_in(sentence: str) -> list[str]:

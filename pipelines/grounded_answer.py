@@ -22,6 +22,8 @@ from pipelines.answer_spans import Span
 from pipelines.answer_verifier import names_in
 from pipelines.query_translation import has_cjk
 
+_ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://[^\s)>\]]+[^\s)>\].,;:]")
+
 ANSWER_MODES = ("extractive", "grounded_generation", "free")
 OUTCOMES = ("quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified", "free")
 
@@ -70,8 +72,11 @@ def missing_facts(reply: str, spans: list[Span], question: str = "", known: tupl
     """The reply leaves out the figures or names the answer is about: none of what the best span
     adds to the question ("2.4 GHz" to "does it work on 5 GHz?"), or, when the best span states
     no figure, none of the other spans' new figures; or none of the names the best span adds
-    ("the Northwind Home app", "My Orders"), `known` names (the tenant's) aside. A figure counts
-    whole ("1" is not in "14")."""
+    ("the Northwind Home app", "My Orders"), `known` names (the tenant's) aside; or any email
+    address or web address the best span gives. A figure counts whole ("1" is not in "14")."""
+    if spans and any(a.lower() not in reply.lower() and a.lower() not in question.lower()
+                     for a in _ADDRESS.findall(spans[0].text)):
+        return True
     def figures(text: str) -> set[str]:
         return set(NUMBER.findall(text))
     said, asked = figures(reply), figures(question)

@@ -144,3 +144,27 @@ def test_a_yes_or_no_answer_is_checked_like_a_claim(charge, sentence, reason):
     verdict = charge.check(sentence)
     assert not verdict.ok
     assert reason is None or verdict.reason == reason
+
+
+WARRANTY = ("Every amplifier comes with a 2-year warranty from delivery. We review repair claims within 3-5 "
+            "business days.\nTuning visits can be booked for:\n- Weekdays: 9:00-18:00 in Lyon.\n")
+
+
+@pytest.mark.parametrize("sentence,ok", [
+    ("The warranty on amplifiers is 3-5 business days.", False),      # the review's figure, the warranty's subject
+    ("Amplifier repairs are free for 9 years.", False),
+    ("It takes 3-5 business days to review a repair claim.", True),
+    ("Your amplifier's warranty lasts 2 years.", True),
+    ("You can book tuning visits 9:00-18:00.", True),                  # a list item with its lead
+])
+def test_a_number_keeps_its_subject(embedder, sentence, ok):
+    """A figure stated of something the passage sentences stating it do not mention is moved."""
+    words = build(WARRANTY, "words", embedder, LeakFilter([RULES])).check(sentence)
+    assert words.ok == ok, words
+    assert ok or words.reason.startswith("number")
+    # the cosine path may drop more, never for the subject of a kept figure
+    embedded = build(WARRANTY, "embeddings", embedder, LeakFilter([RULES])).check(sentence)
+    assert not embedded.ok if not ok else "subject" not in embedded.reason
+    # a sentence with nothing but the figure and its unit has no subject to lose
+    assert "subject" not in build(WARRANTY, "words", embedder, LeakFilter([RULES])).check(
+        "It usually takes 3-5 business days.").reason

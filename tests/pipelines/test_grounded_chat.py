@@ -219,3 +219,21 @@ def test_a_reply_missing_the_best_spans_new_name_lacks_the_facts():
     assert not missing_facts("Get the free Keyhole Home app.", [app], ask, known=("Keys & Strings",))
     assert not missing_facts("It is free in the app store.", [app], "is the Keyhole Home app free?",
                              known=("Keys & Strings",))
+
+
+def test_a_reply_without_the_best_spans_address_lacks_the_facts():
+    """An email or web address the best span gives is the answer to "where do I write?": a reply
+    without it lacks the facts, unless the customer already wrote it."""
+    from pipelines.answer_spans import Span
+    from pipelines.grounded_answer import missing_facts
+    from pipelines.kb_chunk import Chunk
+    chunk = Chunk("Contact", "Email", "", "contact.md")
+    mail = Span(chunk, "Write to tuning@keys-strings.example or use the form at https://keys-strings.example/help.",
+                "", 0)
+    ask = "how do i reach you by mail"
+    assert missing_facts("We answer every message within a day.", [mail], ask)
+    assert missing_facts("Write to tuning@keys-strings.example.", [mail], ask)           # the form's address
+    assert not missing_facts("Write to tuning@keys-strings.example or use https://keys-strings.example/help.",
+                             [mail], ask)
+    assert not missing_facts("Or use https://keys-strings.example/help.", [mail],
+                             "is tuning@keys-strings.example your address?")
