@@ -16,7 +16,9 @@ A sentence passes when
     appears in a cited passage or the tenant's name;
   - a bare "Yes." or "No." fails: it states an answer with nothing to check it by;
   - it says yes where the help centre says yes: negated ("not", "never", "can't", a leading "No")
-    exactly when the cited span that supports it best is;
+    exactly when the cited span that supports it best is; a sentence opening with "Yes" or "No"
+    answers the question, so it is held to the span chosen as the answer (`answer_span`) when
+    one is given;
   - it is supported: its embedding's cosine to the best cited span is at least `min_support`, or,
     without embeddings, most of its content words are in the passages;
   - it repeats none of the prompt (filters.leakage).
@@ -73,11 +75,13 @@ class Verdict:
 class SentenceVerifier:
     def __init__(self, sources: list[str], leak_filter: LeakFilter, names: tuple[str, ...] = (),
                  embed: Callable[[list[str]], np.ndarray] | None = None, source_vecs: np.ndarray | None = None,
-                 span_texts: list[str] | None = None, min_support: float = 0.5, min_overlap: float = 0.6):
+                 span_texts: list[str] | None = None, min_support: float = 0.5, min_overlap: float = 0.6,
+                 answer_span: str | None = None):
         """sources: the cited passages' texts; source_vecs: [S, dim] embeddings of the cited spans
         and span_texts their texts, a list item's lead included (with `embed` for the sentence, the
         support check is a cosine to the best span; without, word overlap with the best sentence of
-        the passages)."""
+        the passages). answer_span: the span chosen as the answer (a list item with its lead)."""
+        self.answer_span = answer_span
         joined = "\n".join(sources)
         self.text = re.sub(r"\s+", " ", joined).lower()
         self.numbers: dict[str, list[tuple[str, set[str]]]] = {}
@@ -145,6 +149,8 @@ class SentenceVerifier:
                 self._span_stems = [{stem(w) for w in tokenize(t)} for t in self.spans]
             ranked = [len(set(stems) & span) for span in self._span_stems]
             best = self.spans[ranked.index(max(ranked))] if ranked else None
+        if answers and self.answer_span:
+            best = self.answer_span
         if best is not None and not has_cjk(s) and _negated(s) != _negated(best):
             return Verdict(False, "polarity")
         return Verdict(True)

@@ -20,9 +20,15 @@ import re
 from pipelines.answer_selection import NUMBER, Selection
 from pipelines.answer_spans import Span
 from pipelines.answer_verifier import names_in
+from pipelines.knowledge_base import stem, tokenize
 from pipelines.query_translation import has_cjk
 
 _ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://[^\s)>\]]+[^\s)>\].,;:]")
+
+# words a yes-or-no reply adds to the question's own
+_ANSWER_WORDS = frozenset("yes no not can cannot can't don't doesn't isn't aren't won't unfortunately "
+                          "sorry afraid yeah sure ok okay able i'm i've you've you're you'll we're we've "
+                          "we'll us yours mine".split())
 
 ANSWER_MODES = ("extractive", "grounded_generation", "free")
 OUTCOMES = ("quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified", "free")
@@ -73,7 +79,11 @@ def missing_facts(reply: str, spans: list[Span], question: str = "", known: tupl
     adds to the question ("2.4 GHz" to "does it work on 5 GHz?"), or, when the best span states
     no figure, none of the other spans' new figures; or none of the names the best span adds
     ("the Northwind Home app", "My Orders"), `known` names (the tenant's) aside; or any email
-    address or web address the best span gives. A figure counts whole ("1" is not in "14")."""
+    address or web address the best span gives; or it only restates the question ("No, you can't
+    put the skillet in the dishwasher."), so the help centre's reason is missing. A figure counts
+    whole ("1" is not in "14")."""
+    if spans and restates(reply, question):
+        return True
     if spans and any(a.lower() not in reply.lower() and a.lower() not in question.lower()
                      for a in _ADDRESS.findall(spans[0].text)):
         return True
@@ -89,6 +99,14 @@ def missing_facts(reply: str, spans: list[Span], question: str = "", known: tupl
     skip = {w.lower() for name in known for w in name.split()} | {w.lower() for w in re.findall(r"\w+", question)}
     names = {n for n in names_in(spans[0].text) if any(w.lower() not in skip for w in n.split())}
     return bool(names) and not any(n.lower() in reply.lower() for n in names)
+
+
+def restates(reply: str, question: str) -> bool:
+    """Every word of the reply is the question's, an answer word (yes, no, can, not) or small
+    talk: it answers yes or no and gives no reason or detail."""
+    asked = {stem(w) for w in tokenize(question)}
+    said = {stem(w) for w in tokenize(reply)} - {stem(w) for w in _ANSWER_WORDS}
+    return bool(question.strip()) and bool(reply.strip()) and said <= asked
 
 
 def translation_messages(reply: str) -> list[dict]:

@@ -305,7 +305,8 @@ class SupportChat:
             vecs = vecs[chosen]
         verifier = SentenceVerifier(sources, self._leak_filter(tenant), names=(tenant.name,),
                                     embed=self.client.embed, source_vecs=vecs,
-                                    span_texts=[f"{spans[i].lead} {spans[i].text}".strip() for i in chosen])
+                                    span_texts=[f"{spans[i].lead} {spans[i].text}".strip() for i in chosen],
+                                    answer_span=f"{selection.spans[0].lead} {selection.spans[0].text}".strip())
 
         guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: verifier.check(t).ok),
                             allowed_pii=published_pii(sources))

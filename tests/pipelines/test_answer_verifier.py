@@ -168,3 +168,22 @@ def test_a_number_keeps_its_subject(embedder, sentence, ok):
     # a sentence with nothing but the figure and its unit has no subject to lose
     assert "subject" not in build(WARRANTY, "words", embedder, LeakFilter([RULES])).check(
         "It usually takes 3-5 business days.").reason
+
+
+def test_a_yes_or_no_is_held_to_the_chosen_answer_span(embedder):
+    """A sentence opening with Yes or No answers the question: its polarity must be the chosen
+    answer span's, even where another cited span is closer in words."""
+    text = ("Double-check your address at checkout, because it's the easiest time to fix the address. "
+            "Once an order has shipped, we can no longer change the address.")
+    answer = "Once an order has shipped, we can no longer change the address."
+    for kind in ("embeddings", "words"):
+        plain = build(text, kind, embedder, LeakFilter([RULES]))
+        spans = [s if s.endswith(".") else s + "." for s in text.split(". ")]
+        held = SentenceVerifier([text], LeakFilter([RULES]), answer_span=answer,
+                                **({} if kind == "words" else {"embed": embedder.embed,
+                                                               "source_vecs": embedder.embed(spans),
+                                                               "span_texts": spans}))
+        claim = "Yes, you can still fix the address at checkout."
+        assert held.check(claim).reason == "polarity", kind
+        assert plain.check(claim).reason != "polarity", kind     # the closer span says yes
+        assert held.check("No, once it has shipped we can no longer change the address.").ok, kind

@@ -199,7 +199,7 @@ def test_a_reply_missing_the_best_spans_new_figure_lacks_the_facts(parts):
     assert missing_facts("An upright piano tuning is 120 EUR per visit.", [grand, upright], ask)
     assert not missing_facts("A grand piano tuning is 165 EUR per visit.", [grand, upright], ask)
     assert missing_facts("It is 1165 EUR.", [grand], ask)
-    assert not missing_facts("Yes, it is.", [grand], "Is a grand piano tuning 165 EUR?")
+    assert not missing_facts("Yes, it is 165 EUR per visit.", [grand], "Is a grand piano tuning 165 EUR?")
     lessons = kb.spans([c for c in kb.chunks if c.section == "Trial lesson"])[0]
     no_figure = next(s for s in lessons if "refund" in s.text)
     assert missing_facts("We cannot refund lessons.", [no_figure, upright], "Can I get a refund?")
@@ -237,3 +237,19 @@ def test_a_reply_without_the_best_spans_address_lacks_the_facts():
                              [mail], ask)
     assert not missing_facts("Or use https://keys-strings.example/help.", [mail],
                              "is tuning@keys-strings.example your address?")
+
+
+def test_a_reply_that_only_restates_the_question_lacks_the_facts():
+    """"No, you can't X." to "Can I X?" gives no reason: the help centre's span is added."""
+    from pipelines.answer_spans import Span
+    from pipelines.grounded_answer import missing_facts, restates
+    from pipelines.kb_chunk import Chunk
+    care = Span(Chunk("Care", "Cast iron", "", "care.md"),
+                "Never put cast iron in the dishwasher: it strips the seasoning and rusts.", "", 0)
+    ask = "can my cast iron skillet go in the dishwasher or nah"
+    assert restates("No, your cast iron skillet can't go in the dishwasher.", ask)
+    assert restates("Yes, you can put a skillet you've used in the dishwasher!",
+                    "Can I put a skillet I've used in the dishwasher?")
+    assert missing_facts("No, your cast iron skillet cannot go in the dishwasher.", [care], ask)
+    assert not restates("No, the dishwasher strips the seasoning.", ask)
+    assert not missing_facts("No: the dishwasher strips the seasoning and the pan rusts.", [care], ask)
