@@ -17,8 +17,7 @@ A sentence passes when
   - a bare "Yes." or "No." fails: it states an answer with nothing to check it by;
   - it says yes where the help centre says yes: negated ("not", "never", "can't", a leading "No")
     exactly when the cited span that supports it best is; a sentence opening with "Yes" or "No"
-    answers the question, so it is held to the span chosen as the answer (`answer_span`) when
-    one is given;
+    answers the question, so it is held to the span chosen as the answer (`answer_span`) too;
   - it is supported: its embedding's cosine to the best cited span is at least `min_support`, or,
     without embeddings, most of its content words are in the passages;
   - it repeats none of the prompt (filters.leakage).
@@ -149,9 +148,8 @@ class SentenceVerifier:
                 self._span_stems = [{stem(w) for w in tokenize(t)} for t in self.spans]
             ranked = [len(set(stems) & span) for span in self._span_stems]
             best = self.spans[ranked.index(max(ranked))] if ranked else None
-        if answers and self.answer_span:
-            best = self.answer_span
-        if best is not None and not has_cjk(s) and _negated(s) != _negated(best):
+        held = [best] + ([self.answer_span] if answers and self.answer_span else [])
+        if not has_cjk(s) and any(b is not None and _negated(s) != _negated(b) for b in held):
             return Verdict(False, "polarity")
         return Verdict(True)
 

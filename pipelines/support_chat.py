@@ -34,6 +34,7 @@ from filters.stream_guard import StreamGuard
 from pipelines import followup
 from pipelines.actions import ActionRunner, ActionSpec
 from pipelines.answer_selection import AnswerSelector, Selection
+from pipelines.answer_spans import Span
 from pipelines.answer_verifier import SentenceVerifier
 from pipelines.chat_actions import ChatActions, answers_confirmation
 from pipelines.grounded_answer import (
@@ -306,7 +307,7 @@ class SupportChat:
         verifier = SentenceVerifier(sources, self._leak_filter(tenant), names=(tenant.name,),
                                     embed=self.client.embed, source_vecs=vecs,
                                     span_texts=[f"{spans[i].lead} {spans[i].text}".strip() for i in chosen],
-                                    answer_span=f"{selection.spans[0].lead} {selection.spans[0].text}".strip())
+                                    answer_span=_as_stated(selection.spans[0]))
 
         guard = StreamGuard(self.banned, sentence_check=_kept_if(lambda t: verifier.check(t).ok),
                             allowed_pii=published_pii(sources))
@@ -408,6 +409,12 @@ class SupportChat:
         masked = self.banned.mask(reply)[0]
         yield "token", masked
         yield "done", result if masked == reply else replace(result, reply=self.banned.mask(result.reply)[0])
+
+
+def _as_stated(span: Span) -> str:
+    """A span with what frames it: its list's lead, or else its section's heading ("Items that
+    can't be returned" over "- Opened socks and underwear")."""
+    return f"{span.lead or span.chunk.section} {span.text}".strip()
 
 
 def _citations(chunks: list[Chunk]) -> list[dict]:

@@ -186,4 +186,10 @@ def test_a_yes_or_no_is_held_to_the_chosen_answer_span(embedder):
         claim = "Yes, you can still fix the address at checkout."
         assert held.check(claim).reason == "polarity", kind
         assert plain.check(claim).reason != "polarity", kind     # the closer span says yes
-        assert held.check("No, once it has shipped we can no longer change the address.").ok, kind
+        assert held.check("No, once it has shipped we can no longer change the address.").reason != "polarity", kind
+    # and a yes or no still agrees with the closest span: both must
+    refund = ("Refunds always go back to the original payment method. We can't send a refund to a different "
+              "card or bank account.")
+    v = SentenceVerifier([refund], LeakFilter([RULES]), answer_span="Refunds always go back to the original "
+                         "payment method.")
+    assert v.check("Yes, you can send your refund to a different card or bank account.").reason == "polarity"
