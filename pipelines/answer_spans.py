@@ -24,6 +24,8 @@ _SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bapprox)(?<!\bvs)(?<=[.!
 _CJK_END = re.compile(r"(?<=[。！？])")
 MIN_SPAN_CHARS = 12
 MAX_QUOTED_LEAD_WORDS = 8      # a longer lead is matched on but not repeated in the reply
+# a lead that is only a condition ("If you spot a mistake afterwards:") states nothing alone
+_CLAUSE = re.compile(r"(?:if|when|once|before|after|unless|while|until|whether)\b", re.I)
 
 
 def plain(text: str) -> str:
@@ -39,14 +41,18 @@ class Span:
     text: str           # what is quoted: plain text of one sentence or list item
     lead: str           # the line introducing its list ("" for a sentence of a paragraph)
     position: int       # order within the chunk
+    in_list: bool = False   # a list item (its lead may be "": the list opens its section)
 
     @property
     def quote(self) -> str:
         """The span as a reply states it, ending in a full stop: a list item with its lead
-        when the lead is short ("Chest measurements: M: 94-102 cm"), else alone."""
+        when the lead is short ("Chest measurements: M: 94-102 cm"), or with its section's
+        heading when the list opens the section ("Items that can't be returned: Opened socks"),
+        else alone."""
         body = self.text
-        if self.lead and len(self.lead.split()) <= MAX_QUOTED_LEAD_WORDS:
-            lead = self.lead.rstrip(":").strip()
+        lead = self.lead or (self.chunk.section if self.in_list else "")
+        if lead and len(lead.split()) <= MAX_QUOTED_LEAD_WORDS:
+            lead = lead.rstrip(":").strip()
             body = f"{lead}: {body}" if not body.lower().startswith(lead.lower()) else body
         return body if body[-1:] in ".!?。！？)" else body + "."
 
@@ -69,10 +75,10 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
     lead = ""
     paragraph: list[str] = []
 
-    def add(text: str, lead_line: str) -> None:
+    def add(text: str, lead_line: str, in_list: bool = False) -> None:
         text = plain(text)
         if len(text) >= MIN_SPAN_CHARS:
-            spans.append(Span(chunk, text, lead_line, len(spans)))
+            spans.append(Span(chunk, text, lead_line, len(spans), in_list))
 
     def flush_paragraph() -> str:
         """Emit the paragraph's sentences; returns its last sentence (a lead when it ends in ':')."""
@@ -83,7 +89,7 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
         for s in sentences:
             if s.rstrip().endswith(":"):
                 last = plain(s)           # it introduces the list that follows ...
-                if len(last.split()) > 3:
+                if len(last.split()) > 3 and not _CLAUSE.match(last):
                     add(s.rstrip().rstrip(":") + ".", "")      # ... and may state a fact itself
             else:
                 add(s, "")
@@ -94,7 +100,7 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
         if item:
             if paragraph:
                 lead = flush_paragraph()
-            add(item.group(1), lead)
+            add(item.group(1), lead, in_list=True)
         elif not line.strip():
             if paragraph:
                 lead = flush_paragraph()
