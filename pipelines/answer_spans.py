@@ -41,18 +41,14 @@ class Span:
     text: str           # what is quoted: plain text of one sentence or list item
     lead: str           # the line introducing its list ("" for a sentence of a paragraph)
     position: int       # order within the chunk
-    in_list: bool = False   # a list item (its lead may be "": the list opens its section)
 
     @property
     def quote(self) -> str:
         """The span as a reply states it, ending in a full stop: a list item with its lead
-        when the lead is short ("Chest measurements: M: 94-102 cm"), or with its section's
-        heading when the list opens the section ("Items that can't be returned: Opened socks"),
-        else alone."""
+        when the lead is short ("Chest measurements: M: 94-102 cm"), else alone."""
         body = self.text
-        lead = self.lead or (self.chunk.section if self.in_list else "")
-        if lead and len(lead.split()) <= MAX_QUOTED_LEAD_WORDS:
-            lead = lead.rstrip(":").strip()
+        if self.lead and len(self.lead.split()) <= MAX_QUOTED_LEAD_WORDS:
+            lead = self.lead.rstrip(":").strip()
             body = f"{lead}: {body}" if not body.lower().startswith(lead.lower()) else body
         return body if body[-1:] in ".!?。！？)" else body + "."
 
@@ -75,10 +71,10 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
     lead = ""
     paragraph: list[str] = []
 
-    def add(text: str, lead_line: str, in_list: bool = False) -> None:
+    def add(text: str, lead_line: str) -> None:
         text = plain(text)
         if len(text) >= MIN_SPAN_CHARS:
-            spans.append(Span(chunk, text, lead_line, len(spans), in_list))
+            spans.append(Span(chunk, text, lead_line, len(spans)))
 
     def flush_paragraph() -> str:
         """Emit the paragraph's sentences; returns its last sentence (a lead when it ends in ':')."""
@@ -100,7 +96,7 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
         if item:
             if paragraph:
                 lead = flush_paragraph()
-            add(item.group(1), lead, in_list=True)
+            add(item.group(1), lead)
         elif not line.strip():
             if paragraph:
                 lead = flush_paragraph()
