@@ -24,8 +24,6 @@ _SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bapprox)(?<!\bvs)(?<=[.!
 _CJK_END = re.compile(r"(?<=[。！？])")
 MIN_SPAN_CHARS = 12
 MAX_QUOTED_LEAD_WORDS = 8      # a longer lead is matched on but not repeated in the reply
-# a lead that is only a condition ("If you spot a mistake afterwards:") states nothing alone
-_CLAUSE = re.compile(r"(?:if|when|once|before|after|unless|while|until|whether)\b", re.I)
 
 
 def plain(text: str) -> str:
@@ -85,7 +83,7 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
         for s in sentences:
             if s.rstrip().endswith(":"):
                 last = plain(s)           # it introduces the list that follows ...
-                if len(last.split()) > 3 and not _CLAUSE.match(last):
+                if len(last.split()) > 3:
                     add(s.rstrip().rstrip(":") + ".", "")      # ... and may state a fact itself
             else:
                 add(s, "")

@@ -41,17 +41,3 @@ def test_a_sentence_introducing_a_list_is_also_a_span():
     item = next(s for s in spans if s.text.startswith("Weekday visits"))
     assert item.lead.startswith("We visit homes")                      # long lead: matched on, not quoted
     assert item.quote == "Weekday visits in the North Valley district cost an extra 20 EUR."
-
-
-def test_a_lead_that_is_only_a_condition_is_no_span():
-    """"If you spot a mistake afterwards:" introduces its list, and states nothing alone."""
-    article = ("# Returns\n\n## Items that can't be returned\n\n- Gift cards.\n- Opened socks and underwear, for "
-               "hygiene reasons.\n\n## Fixing a mistake\n\nIf you spot a mistake afterwards:\n\n- Within 60 minutes, "
-               "edit the order in My Orders.\n")
-    spans = [s for c in chunk_article(article, "returns.md") for s in chunk_spans(c)]
-    quotes = [s.quote for s in spans]
-    assert "Opened socks and underwear, for hygiene reasons." in quotes
-    assert "If you spot a mistake afterwards." not in quotes
-    item = next(s for s in spans if s.text.startswith("Within 60"))
-    assert item.lead.startswith("If you spot") and item.quote == ("If you spot a mistake afterwards: Within 60 "
-                                                                 "minutes, edit the order in My Orders.")
