@@ -24,6 +24,9 @@ _SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bapprox)(?<!\bvs)(?<=[.!
 _CJK_END = re.compile(r"(?<=[。！？])")
 MIN_SPAN_CHARS = 12
 MAX_QUOTED_LEAD_WORDS = 8      # a longer lead is matched on but not repeated in the reply
+# a lead that is a condition and nothing else ("If you spot a mistake afterwards:") states no fact;
+# with a comma it has its main clause ("Once we've reviewed your photos, usually within ...")
+_BARE_CLAUSE = re.compile(r"(?:if|when|once|unless|whether)\b[^,;]*$", re.I)
 
 
 def plain(text: str) -> str:
@@ -83,7 +86,7 @@ def chunk_spans(chunk: Chunk) -> list[Span]:
         for s in sentences:
             if s.rstrip().endswith(":"):
                 last = plain(s)           # it introduces the list that follows ...
-                if len(last.split()) > 3:
+                if len(last.split()) > 3 and not _BARE_CLAUSE.match(last):
                     add(s.rstrip().rstrip(":") + ".", "")      # ... and may state a fact itself
             else:
                 add(s, "")

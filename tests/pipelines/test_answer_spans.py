@@ -41,3 +41,15 @@ def test_a_sentence_introducing_a_list_is_also_a_span():
     item = next(s for s in spans if s.text.startswith("Weekday visits"))
     assert item.lead.startswith("We visit homes")                      # long lead: matched on, not quoted
     assert item.quote == "Weekday visits in the North Valley district cost an extra 20 EUR."
+
+
+def test_a_lead_that_is_only_a_condition_is_no_span():
+    """"If you spot a mistake afterwards:" states nothing alone; a conditional lead with its main
+    clause ("Once we've reviewed your photos, usually within 1 business day, you can choose:") does."""
+    article = ("# Orders\n\n## Fixing a mistake\n\nIf you spot a mistake afterwards:\n\n- Within 60 minutes, "
+               "edit the order in My Orders.\n\n## Damage\n\nOnce we've reviewed your photos, usually within 1 "
+               "business day, you can choose:\n\n- A full refund.\n")
+    quotes = [s.quote for c in chunk_article(article, "orders.md") for s in chunk_spans(c)]
+    assert "If you spot a mistake afterwards." not in quotes
+    assert "If you spot a mistake afterwards: Within 60 minutes, edit the order in My Orders." in quotes
+    assert "Once we've reviewed your photos, usually within 1 business day, you can choose." in quotes
