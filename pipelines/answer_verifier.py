@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from filters.leakage import LeakFilter
-from pipelines.answer_spans import split_sentences
+from pipelines.answer_spans import chunk_spans, split_sentences
+from pipelines.kb_chunk import Chunk
 from pipelines.knowledge_base import stem, tokenize
 from pipelines.query_translation import has_cjk
 
@@ -60,7 +61,6 @@ _YES_NO = re.compile(r"\s*(?:yes|no)\b", re.IGNORECASE)
 # where a number's surroundings end: the sentence, another number, and in a reply also a comma
 _SOURCE_CUT = re.compile(r"[.!?](?:\s|$)|\n|\d")
 _REPLY_CUT = re.compile(r"[.!?,;](?:\s|$)|\n|\d")
-_LIST_ITEM = re.compile(r"\s*(?:[-*•]|\d+[.)])\s")
 _NEAR_WORDS = 8
 _CLEARLY_BETTER = 2           # words more in common with another number's surroundings than its own
 
@@ -109,6 +109,7 @@ class SentenceVerifier:
         for word in _COUNT.findall(s):
             if _COUNT_WORDS[word.lower()] not in self.counts:
                 return Verdict(False, f"number {word}")
+        said: set[str] | None = None          # the sentence's words but its figures' (on first use)
         for m in _NUMBER.finditer(s):
             n = _canon(m.group(0))
             if len(n) == 1 and s[m.end():m.end() + 1] in (".", ")") and m.start() == 0:
@@ -122,8 +123,10 @@ class SentenceVerifier:
                 return Verdict(False, f"number {m.group(0)} in another context")
             if self._fits_another_number(n, _near(s, m, _REPLY_CUT)):
                 return Verdict(False, f"number {m.group(0)} of another fact")
-            if not has_cjk(s) and not self._keeps_subject(n, s):
-                return Verdict(False, f"number {m.group(0)} without its subject")
+            if not has_cjk(s):
+                said = _subject_words(s) if said is None else said
+                if not self._keeps_subject(n, said):
+                    return Verdict(False, f"number {m.group(0)} without its subject")
         for name in names_in(s):
             if name.lower() not in self.names_text:
                 return Verdict(False, f"name {name}")
@@ -153,14 +156,12 @@ class SentenceVerifier:
             return Verdict(False, "polarity")
         return Verdict(True)
 
-    def _keeps_subject(self, n: str, sentence: str) -> bool:
-        """What the sentence says besides its numbers, their units and generic words shares a word
-        with a passage sentence stating `n`; a sentence that says nothing else ("It takes 3-5
-        business days.") keeps it."""
-        units = {w for m in _NUMBER.finditer(sentence) for w in _context(sentence, m)[1]}
-        said = {stem(w) for w in tokenize(sentence)
-                if w not in _SMALL_TALK and w not in _GENERIC and not w.isdigit()} - units
-        return not said or any(said & words for words in self.subjects.get(n, ()))
+    def _keeps_subject(self, n: str, said: set[str]) -> bool:
+        """The sentence's words (`_subject_words`) share one with a passage span stating `n`; a
+        sentence that says nothing else ("It takes 3-5 business days.") keeps it, and so does a
+        number no span states (in a fragment too short to be one)."""
+        places = self.subjects.get(n)
+        return not said or not places or any(said & words for words in places)
 
     def _fits_another_number(self, n: str, near: set[str]) -> bool:
         """The sentence's words around `n` share clearly more with where another number of the
@@ -179,21 +180,23 @@ def _near(text: str, m: re.Match, cut: re.Pattern) -> set[str]:
     return {stem(w) for w in words if w not in _SMALL_TALK}
 
 
+def _subject_words(sentence: str) -> set[str]:
+    """What a sentence says besides its numbers, their units and generic words, as stems."""
+    units = {w for m in _NUMBER.finditer(sentence) for w in _context(sentence, m)[1]}
+    return {stem(w) for w in tokenize(sentence)
+            if w not in _SMALL_TALK and w not in _GENERIC and not w.isdigit()} - units
+
+
 def _number_subjects(sources: list[str]) -> dict[str, list[set[str]]]:
-    """For each number of the passages, the word stems of each sentence stating it; a list item's
-    sentence comes with its list's lead ("Refunds reach your card within:")."""
+    """For each number of the passages, the word stems of each span stating it (pipelines.
+    answer_spans: a list item comes with its list's lead, "Refunds reach your card within:")."""
     out: dict[str, list[set[str]]] = {}
     for src in sources:
-        lead = ""
-        for line in src.splitlines():
-            item = _LIST_ITEM.match(line)
-            for sentence in split_sentences(line):
-                text = f"{lead} {sentence}" if item else sentence
-                words = {stem(w) for w in tokenize(text) if not w.isdigit()}
-                for m in _NUMBER.finditer(sentence):
-                    out.setdefault(_canon(m.group(0)), []).append(words)
-            if line.strip() and not item:
-                lead = (split_sentences(line) or [""])[-1]
+        for span in chunk_spans(Chunk("", "", src, "")):
+            text = f"{span.lead} {span.text}"
+            words = {stem(w) for w in tokenize(text) if not w.isdigit()}
+            for m in _NUMBER.finditer(span.text):
+                out.setdefault(_canon(m.group(0)), []).append(words)
     return out
 
 

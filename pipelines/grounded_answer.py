@@ -25,10 +25,10 @@ from pipelines.query_translation import has_cjk
 
 _ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://[^\s)>\]]+[^\s)>\].,;:]")
 
-# words a yes-or-no reply adds to the question's own
-_ANSWER_WORDS = frozenset("yes no not can cannot can't don't doesn't isn't aren't won't unfortunately "
-                          "sorry afraid yeah sure ok okay able i'm i've you've you're you'll we're we've "
-                          "we'll us yours mine".split())
+# words a yes-or-no reply adds to the question's own, stemmed
+_ANSWER_WORDS = frozenset(stem(w) for w in "yes no not can cannot can't don't doesn't isn't aren't won't "
+                          "unfortunately sorry afraid yeah sure ok okay able i'm i've you've you're you'll "
+                          "we're we've we'll us yours mine".split())
 
 ANSWER_MODES = ("extractive", "grounded_generation", "free")
 OUTCOMES = ("quoted", "verified_generated", "sentence_dropped", "unanswerable", "clarified", "free")
@@ -105,7 +105,7 @@ def restates(reply: str, question: str) -> bool:
     """Every word of the reply is the question's, an answer word (yes, no, can, not) or small
     talk: it answers yes or no and gives no reason or detail."""
     asked = {stem(w) for w in tokenize(question)}
-    said = {stem(w) for w in tokenize(reply)} - {stem(w) for w in _ANSWER_WORDS}
+    said = {stem(w) for w in tokenize(reply)} - _ANSWER_WORDS
     return bool(question.strip()) and bool(reply.strip()) and said <= asked
 
 
